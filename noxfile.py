@@ -1,0 +1,33 @@
+"""nox sessions: tests, lint and benchmarks. They run in the current environment."""
+
+from __future__ import annotations
+
+import sys
+
+import nox
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["tests", "lint"]
+
+# `session.run("python")` would find whatever `python` is on PATH, not this interpreter.
+PYTHON = sys.executable
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The full test suite."""
+    session.run(PYTHON, "-m", "pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (style, imports, ASYNC rules) and mypy (strict) on the package."""
+    session.run(PYTHON, "-m", "ruff", "check", "trexo", "tests", "bench", "noxfile.py")
+    session.run(PYTHON, "-m", "ruff", "format", "--check", "trexo", "tests", "bench", "noxfile.py")
+    session.run(PYTHON, "-m", "mypy", "trexo")
+
+
+@nox.session(name="bench-runner")
+def bench_runner(session: nox.Session) -> None:
+    """Runner spawn-to-ready, graceful stop, and orphan exit after a parent SIGKILL."""
+    session.run(PYTHON, "bench/bench_runner.py", *session.posargs)

@@ -1,0 +1,43 @@
+"""The exception tree. Catch the narrowest class that fits; each says what went wrong."""
+
+from __future__ import annotations
+
+
+class TrexoError(Exception):
+    """Base of every error trexo raises on purpose."""
+
+
+class WireError(TrexoError):
+    """A message or frame on a socket could not be read."""
+
+
+class FrameTooLarge(WireError):
+    """A frame header announced a body larger than the configured maximum."""
+
+
+class TruncatedFrame(WireError):
+    """The stream ended in the middle of a frame."""
+
+
+class MalformedMessage(WireError):
+    """A frame's body is not valid JSON, or not a valid message of the expected type."""
+
+
+class RunnerError(TrexoError):
+    """A runner process failed, or refused a request."""
+
+
+class RunnerDied(RunnerError):
+    """The runner process exited while work was in flight; `cause` says how."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"runner exited: {cause}")
+        self.cause = cause
+
+
+class LoadFailed(RunnerError):
+    """The runner could not load the model."""
+
+
+class SupervisorGaveUp(TrexoError):
+    """A supervised generation crashed more often than its restart intensity allows."""

@@ -1,0 +1,1 @@
+"""Plain data: attrs frozen classes that travel on the wire (see `trexo.wire`)."""

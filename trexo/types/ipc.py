@@ -1,0 +1,60 @@
+"""Messages between a node (parent) and its runner processes, over a socketpair."""
+
+from __future__ import annotations
+
+import attrs
+
+from trexo.types.chunks import Chunk
+from trexo.types.generation import GenerationRequest
+from trexo.types.ids import RequestId
+from trexo.types.runner_status import RunnerStatus
+from trexo.types.shard import ShardSpec
+
+# --- parent -> runner ----------------------------------------------------------------------
+
+
+@attrs.frozen
+class LoadModel:
+    model_dir: str
+    shard: ShardSpec = ShardSpec()
+
+
+@attrs.frozen
+class Generate:
+    request: GenerationRequest
+
+
+@attrs.frozen
+class Cancel:
+    request_id: RequestId
+
+
+@attrs.frozen
+class Shutdown:
+    """Finish: stop generating, release the model, exit 0."""
+
+
+ToRunner = LoadModel | Generate | Cancel | Shutdown
+
+# --- runner -> parent ----------------------------------------------------------------------
+
+
+@attrs.frozen
+class StatusReport:
+    status: RunnerStatus
+
+
+@attrs.frozen
+class ChunkMessage:
+    chunk: Chunk
+
+
+@attrs.frozen
+class RequestFailed:
+    """A request ended with an error; the runner itself carries on."""
+
+    request_id: RequestId
+    message: str
+
+
+FromRunner = StatusReport | ChunkMessage | RequestFailed

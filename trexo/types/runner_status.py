@@ -1,0 +1,36 @@
+"""A runner's lifecycle as the parent sees it: idle -> loading -> ready <-> running, or failed."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class RunnerIdle:
+    """Spawned, nothing loaded yet."""
+
+
+@attrs.frozen
+class RunnerLoading:
+    progress: float = 0.0
+    """0.0 .. 1.0"""
+
+
+@attrs.frozen
+class RunnerReady:
+    """Loaded and warmed up, no request in flight."""
+
+
+@attrs.frozen
+class RunnerRunning:
+    active_requests: int = 1
+
+
+@attrs.frozen
+class RunnerFailed:
+    """Terminal: the runner cannot serve. `cause` is an error message or an exit cause."""
+
+    cause: str
+
+
+RunnerStatus = RunnerIdle | RunnerLoading | RunnerReady | RunnerRunning | RunnerFailed
