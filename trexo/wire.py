@@ -101,9 +101,7 @@ def _type_name(as_type: Any) -> str:
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, cattrs.BaseValidationError):
-        return "; ".join(
-            cattrs.transform_error(exc, path="message", format_exception=_format_leaf)
-        )
+        return "; ".join(cattrs.transform_error(exc, path="message", format_exception=_format_leaf))
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -145,7 +143,9 @@ class FramedStream:
             raise trio.EndOfChannel
         (length,) = HEADER.unpack_from(self._buffer)
         if length > self.max_frame_bytes:
-            raise FrameTooLarge(f"frame header announces {length} bytes, limit {self.max_frame_bytes}")
+            raise FrameTooLarge(
+                f"frame header announces {length} bytes, limit {self.max_frame_bytes}"
+            )
         await self._fill(HEADER.size + length, at_boundary=False)
         body = bytes(self._buffer[HEADER.size : HEADER.size + length])
         del self._buffer[: HEADER.size + length]

@@ -1,4 +1,7 @@
-"""A runner's lifecycle as the parent sees it: idle -> loading -> ready <-> running, or failed."""
+"""A runner's lifecycle as the parent sees it.
+
+idle -> loading -> ready <-> running, ending in failed (unexpected) or stopped (on purpose).
+"""
 
 from __future__ import annotations
 
@@ -33,4 +36,14 @@ class RunnerFailed:
     cause: str
 
 
-RunnerStatus = RunnerIdle | RunnerLoading | RunnerReady | RunnerRunning | RunnerFailed
+@attrs.frozen
+class RunnerStopped:
+    """Terminal: stopped on purpose by its owner. `cause` is how the process ended."""
+
+    cause: str
+
+
+RunnerStatus = (
+    RunnerIdle | RunnerLoading | RunnerReady | RunnerRunning | RunnerFailed | RunnerStopped
+)
+TERMINAL_STATUSES = (RunnerFailed, RunnerStopped)
