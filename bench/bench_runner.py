@@ -5,7 +5,8 @@
 - orphan exit: SIGKILL of a parent process holding a loaded runner until the runner has
   exited, observed through a pidfd (exact, no polling interval).
 
-Trials of the three kinds are interleaved. Run: `nox -s bench-runner` (or `python bench/bench_runner.py -n 20`).
+Trials of the three kinds are interleaved.
+Run: `nox -s bench-runner` (or `python bench/bench_runner.py -n 20`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.stats import markdown_table, summarize, write_results  # noqa: E402
-from trexo.engine.demo_model import ensure_demo_model  # noqa: E402
-from trexo.worker.runner_supervisor import RunnerSupervisor  # noqa: E402
+from bench.stats import markdown_table, summarize, write_results
+from trexo.engine.demo_model import ensure_demo_model
+from trexo.worker.runner_supervisor import RunnerSupervisor
 
 ORPHAN_PARENT = Path(__file__).resolve().parents[1] / "tests" / "runner" / "orphan_parent.py"
 ORPHAN_TIMEOUT_S = 10.0
@@ -85,9 +86,7 @@ def main() -> None:
             ready.append(r)
             stop.append(s)
             orphan.append(orphan_trial(model_dir))
-            print(
-                f"trial {i + 1}: ready {r * 1e3:.0f} ms, stop {s * 1e3:.1f} ms, orphan {orphan[-1] * 1e3:.1f} ms"
-            )
+            print(f"trial {i + 1}: ready {r:.3f} s, stop {s:.4f} s, orphan {orphan[-1]:.4f} s")
     rows = {
         "spawn to ready (tiny model)": summarize(ready),
         "graceful stop of a loaded runner": summarize(stop),

@@ -118,7 +118,7 @@ def test_union_members_carry_their_tag() -> None:
     ],
 )
 def test_malformed_messages_are_refused_with_a_clear_error(body: bytes, says: str) -> None:
-    with pytest.raises(MalformedMessage, match="invalid ToRunner|not valid JSON") as info:
+    with pytest.raises(MalformedMessage, match=r"invalid ToRunner|not valid JSON") as info:
         wire.from_json(body, ipc.ToRunner)
     assert says in str(info.value)
 
