@@ -17,7 +17,7 @@ from cattrs.strategies import configure_tagged_union
 
 from trexo.config import MAX_FRAME_BYTES
 from trexo.errors import FrameTooLarge, MalformedMessage, TruncatedFrame
-from trexo.types import ipc, runner_status
+from trexo.types import commands, election, events, ipc, local_events, runner_status, stream
 
 TAG_FIELD = "type"
 HEADER = struct.Struct(">I")
@@ -63,6 +63,11 @@ def _class_tag(cl: type) -> str:
 register_union(runner_status.RunnerStatus, "RunnerStatus")
 register_union(ipc.ToRunner, "ToRunner")
 register_union(ipc.FromRunner, "FromRunner")
+register_union(commands.Command, "Command")
+register_union(events.Event, "Event")
+register_union(local_events.LocalEvent, "LocalEvent")
+register_union(stream.StreamItem, "StreamItem")
+register_union(election.ElectionMessage, "ElectionMessage")
 
 
 def to_json(msg: object, as_type: Any) -> bytes:

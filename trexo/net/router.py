@@ -1,0 +1,111 @@
+"""The router: topic fan-out between this node's services and its peers.
+
+Above the router nothing knows whether a message crosses a process boundary. A cluster of
+one delivers everything in-process; the transport (peer links) plugs in underneath through
+`attach_link` and calls `deliver` for what arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from trexo.errors import TrexoError
+from trexo.net.topics import Topic
+from trexo.types.ids import NodeId
+
+log = logging.getLogger(__name__)
+
+SUBSCRIBER_BUFFER = 4096
+"""Messages a subscriber may fall behind before publishers wait for it."""
+
+
+class PeerUnreachable(TrexoError):
+    """A point-to-point send named a node this router has no link to."""
+
+
+@attrs.frozen
+class Envelope:
+    topic: Topic
+    sender: NodeId
+    payload: Any
+
+
+class PeerLink(Protocol):
+    """What the router needs of a link to one peer (implemented by the transport)."""
+
+    async def send_envelope(self, envelope: Envelope) -> None: ...
+
+
+class Router:
+    def __init__(self, node_id: NodeId) -> None:
+        self.node_id = node_id
+        self._subscribers: dict[Topic, list[trio.MemorySendChannel[Envelope]]] = {
+            topic: [] for topic in Topic
+        }
+        self._links: dict[NodeId, PeerLink] = {}
+
+    # --- subscribing ------------------------------------------------------------------------
+
+    @contextmanager
+    def subscribe(self, topic: Topic) -> Iterator[trio.MemoryReceiveChannel[Envelope]]:
+        """Receive every message on `topic` that reaches this node, while the block runs."""
+        send, receive = trio.open_memory_channel[Envelope](SUBSCRIBER_BUFFER)
+        self._subscribers[topic].append(send)
+        try:
+            with receive:
+                yield receive
+        finally:
+            self._subscribers[topic].remove(send)
+            send.close()
+
+    # --- sending ----------------------------------------------------------------------------
+
+    @property
+    def peers(self) -> frozenset[NodeId]:
+        return frozenset(self._links)
+
+    async def publish(self, topic: Topic, payload: object) -> None:
+        """Send to every node of the cluster, this one included."""
+        envelope = Envelope(topic, self.node_id, payload)
+        for peer, link in list(self._links.items()):
+            await self._send_to_link(peer, link, envelope)
+        await self.deliver(envelope)
+
+    async def send(self, node_id: NodeId, topic: Topic, payload: object) -> None:
+        """Send to one node (this one included). `PeerUnreachable` if there is no link."""
+        envelope = Envelope(topic, self.node_id, payload)
+        if node_id == self.node_id:
+            await self.deliver(envelope)
+            return
+        link = self._links.get(node_id)
+        if link is None:
+            raise PeerUnreachable(f"no link to node {node_id}")
+        await self._send_to_link(node_id, link, envelope)
+
+    async def _send_to_link(self, peer: NodeId, link: PeerLink, envelope: Envelope) -> None:
+        try:
+            await link.send_envelope(envelope)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The transport notices the closed link and detaches it; nothing to do here.
+            log.debug("dropped %s message to %s: link closing", envelope.topic.value, peer)
+
+    async def deliver(self, envelope: Envelope) -> None:
+        """Hand an arrived (or local) message to this node's subscribers of its topic."""
+        for channel in list(self._subscribers[envelope.topic]):
+            with suppress(trio.ClosedResourceError):  # unsubscribed while we delivered
+                await channel.send(envelope)
+
+    # --- the transport's side ---------------------------------------------------------------
+
+    def attach_link(self, node_id: NodeId, link: PeerLink) -> None:
+        self._links[node_id] = link
+
+    def detach_link(self, node_id: NodeId, link: PeerLink) -> None:
+        if self._links.get(node_id) is link:
+            del self._links[node_id]

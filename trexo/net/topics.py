@@ -1,0 +1,37 @@
+"""The topics of DESIGN §2.1 and the message type each carries."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from trexo.types.commands import Command
+from trexo.types.events import IndexedEvent
+from trexo.types.local_events import LocalEvent
+from trexo.types.stream import StreamItem
+
+
+class Topic(enum.Enum):
+    ELECTION = "election"
+    """broadcast: election messages"""
+    COMMANDS = "commands"
+    """to the master: API and worker commands"""
+    LOCAL_EVENTS = "local_events"
+    """to the master: worker and runner facts"""
+    GLOBAL_EVENTS = "global_events"
+    """master to all: the session's indexed events"""
+    STREAM = "stream"
+    """point-to-point: chunks to the requesting node, command replies"""
+
+
+def payload_type(topic: Topic) -> Any:
+    """The (union) type of messages on `topic`, for decoding."""
+    from trexo.types.election import ElectionMessage
+
+    return {
+        Topic.ELECTION: ElectionMessage,
+        Topic.COMMANDS: Command,
+        Topic.LOCAL_EVENTS: LocalEvent,
+        Topic.GLOBAL_EVENTS: IndexedEvent,
+        Topic.STREAM: StreamItem,
+    }[topic]

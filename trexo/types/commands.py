@@ -1,0 +1,51 @@
+"""Commands: requests to the master, which validates them and turns them into events."""
+
+from __future__ import annotations
+
+import attrs
+
+from trexo.types.generation import GenerationRequest
+from trexo.types.ids import InstanceId, NodeId, RequestId
+from trexo.types.models import ModelRef
+
+
+@attrs.frozen
+class PlaceInstance:
+    """Place `model`, on `node_id` if given, else wherever it fits best."""
+
+    command_id: str
+    model: ModelRef
+    node_id: NodeId | None = None
+
+
+@attrs.frozen
+class DeleteInstance:
+    command_id: str
+    instance_id: InstanceId
+
+
+@attrs.frozen
+class SubmitTask:
+    """Run a generation on an instance of `model_id`; chunks go to `origin_node`."""
+
+    command_id: str
+    model_id: str
+    origin_node: NodeId
+    request: GenerationRequest
+
+
+@attrs.frozen
+class CancelTask:
+    command_id: str
+    task_id: RequestId
+
+
+@attrs.frozen
+class RequestReplay:
+    """Send me the session's events from `from_index` on (a gap, or a late joiner)."""
+
+    command_id: str
+    from_index: int
+
+
+Command = PlaceInstance | DeleteInstance | SubmitTask | CancelTask | RequestReplay

@@ -1,0 +1,77 @@
+"""Global events: the master's ordered log of state changes, applied by `trexo.state.apply`."""
+
+from __future__ import annotations
+
+import attrs
+
+from trexo.types.chunks import FinishReason
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
+from trexo.types.runner_status import RunnerStatus
+from trexo.types.session import Session
+from trexo.types.state import Instance, NodeInfo, Task, TaskStatus
+
+
+@attrs.frozen
+class NodeUpdated:
+    node: NodeInfo
+
+
+@attrs.frozen
+class NodeRemoved:
+    node_id: NodeId
+
+
+@attrs.frozen
+class InstanceCreated:
+    instance: Instance
+
+
+@attrs.frozen
+class InstanceDeleted:
+    instance_id: InstanceId
+
+
+@attrs.frozen
+class RunnerStatusChanged:
+    runner_id: RunnerId
+    instance_id: InstanceId
+    node_id: NodeId
+    status: RunnerStatus
+
+
+@attrs.frozen
+class TaskCreated:
+    task: Task
+
+
+@attrs.frozen
+class TaskStatusChanged:
+    task_id: RequestId
+    status: TaskStatus
+
+
+@attrs.frozen
+class TaskFinished:
+    task_id: RequestId
+    finish_reason: FinishReason
+
+
+Event = (
+    NodeUpdated
+    | NodeRemoved
+    | InstanceCreated
+    | InstanceDeleted
+    | RunnerStatusChanged
+    | TaskCreated
+    | TaskStatusChanged
+    | TaskFinished
+)
+
+
+@attrs.frozen
+class IndexedEvent:
+    """An event at its place in a session's log. Indices are contiguous from 0."""
+
+    session: Session
+    index: int
+    event: Event

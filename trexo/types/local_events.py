@@ -1,0 +1,34 @@
+"""Local events: facts a worker reports to the master, which publishes them as global events."""
+
+from __future__ import annotations
+
+import attrs
+
+from trexo.types.chunks import FinishReason
+from trexo.types.ids import InstanceId, RequestId, RunnerId
+from trexo.types.runner_status import RunnerStatus
+from trexo.types.state import NodeInfo, TaskStatus
+
+
+@attrs.frozen
+class NodeReport:
+    node: NodeInfo
+
+
+@attrs.frozen
+class RunnerReport:
+    runner_id: RunnerId
+    instance_id: InstanceId
+    status: RunnerStatus
+
+
+@attrs.frozen
+class TaskReport:
+    """A task's progress; `finish_reason` set means it has ended."""
+
+    task_id: RequestId
+    status: TaskStatus = "running"
+    finish_reason: FinishReason | None = None
+
+
+LocalEvent = NodeReport | RunnerReport | TaskReport

@@ -1,0 +1,27 @@
+"""Models the cluster can place."""
+
+from __future__ import annotations
+
+import attrs
+
+DEMO_SOURCE_PREFIX = "demo:"
+"""`source` of a built-in demo model: every node builds it locally, on demand."""
+
+
+@attrs.frozen
+class ModelRef:
+    """A model by name, where to find its files, and how many bytes its weights take.
+
+    `source` is `"demo:<size>"` for a built-in demo model or an absolute directory path
+    (which must exist on the node that runs it).
+    """
+
+    model_id: str
+    source: str
+    size_bytes: int
+
+    @property
+    def demo_size(self) -> str | None:
+        if self.source.startswith(DEMO_SOURCE_PREFIX):
+            return self.source.removeprefix(DEMO_SOURCE_PREFIX)
+        return None

@@ -1,0 +1,35 @@
+"""Point-to-point messages on the `stream` topic: chunks to the requesting node, and replies."""
+
+from __future__ import annotations
+
+import attrs
+
+from trexo.types.chunks import Chunk
+from trexo.types.ids import RequestId
+
+
+@attrs.frozen
+class StreamChunk:
+    chunk: Chunk
+
+
+@attrs.frozen
+class StreamFailed:
+    """The generation ended in error; no more chunks will come."""
+
+    request_id: RequestId
+    message: str
+
+
+@attrs.frozen
+class CommandReply:
+    """The master's answer to a command: accepted (with a result id) or refused (with why)."""
+
+    command_id: str
+    error: str | None = None
+    error_kind: str | None = None
+    """A machine-readable class of error: "not_found", "insufficient_memory", "invalid"."""
+    result_id: str | None = None
+
+
+StreamItem = StreamChunk | StreamFailed | CommandReply
