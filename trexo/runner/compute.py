@@ -131,7 +131,11 @@ class ComputeThread:
                 self._status(RunnerRunning(self._active()))
                 for chunk in self._engine.generate(request, lambda: self._should_stop(rid)):
                     self._post(ChunkMessage(chunk))
-                    if self._hooks.step_delay:
+                    if chunk.finish_reason is not None:
+                        log.info(
+                            "generation %s finished: %s, %s", rid, chunk.finish_reason, chunk.usage
+                        )
+                    elif self._hooks.step_delay:
                         time.sleep(self._hooks.step_delay)
         except Exception as exc:
             log.exception("generation %s failed", rid)

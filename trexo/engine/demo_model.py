@@ -1,0 +1,269 @@
+"""Deterministic demo models: built offline in well under a second, loadable by `mlx_lm.load`.
+
+A demo model is a llama (`mlx_lm.models.llama`) with seeded random float32 weights and a
+byte-level BPE tokenizer trained on the standard library's `pydoc_data.topics` text, with a
+ChatML chat template. Its output is nonsense; what matters is that the same size and seed give
+byte-identical files, so greedy output is the same wherever it is built (with the same Python:
+the training text is the stdlib's, and `corpus_sha256` in `config.json` records which).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+DEMO_MODEL_PREFIX = "trexo-demo-"
+DEFAULT_DEMO_SIZE = "tiny"
+DEFAULT_DEMO_SEED = 0
+
+DEMO_VOCAB_SIZE = 2048
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (IM_START, IM_END)
+"""Trained first, so they get ids 0 and 1 in every build."""
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+MAX_POSITION_EMBEDDINGS = 4096
+RMS_NORM_EPS = 1e-5
+ROPE_THETA = 10000.0
+
+
+@attrs.frozen
+class DemoModelSpec:
+    """Shape of one demo size. Every size is a float32 llama with tied embeddings."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int = DEMO_VOCAB_SIZE
+
+    @property
+    def parameter_count(self) -> int:
+        head_dim = self.hidden_size // self.num_attention_heads
+        attention = 2 * self.hidden_size * self.num_attention_heads * head_dim
+        attention += 2 * self.hidden_size * self.num_key_value_heads * head_dim
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        per_layer = attention + mlp + 2 * self.hidden_size  # + two RMS norms
+        embedding_and_final_norm = (self.vocab_size + 1) * self.hidden_size
+        return embedding_and_final_norm + self.num_hidden_layers * per_layer
+
+
+DEMO_MODEL_SPECS: Mapping[str, DemoModelSpec] = MappingProxyType(
+    {
+        # ~0.85 M parameters, 3.4 MB: for tests.
+        "tiny": DemoModelSpec(128, 4, 4, 2, 256),
+        # ~20 M parameters, 80 MB: for benchmarks.
+        "small": DemoModelSpec(512, 8, 8, 4, 1024),
+    }
+)
+DEMO_MODEL_NAMES: tuple[str, ...] = tuple(DEMO_MODEL_SPECS)
+
+
+def demo_model_name(size: str = DEFAULT_DEMO_SIZE, seed: int = DEFAULT_DEMO_SEED) -> str:
+    """Directory name of a demo model: `trexo-demo-tiny`, or `trexo-demo-tiny-s7` for seed 7."""
+    _spec(size)
+    return f"{DEMO_MODEL_PREFIX}{size}" + (f"-s{seed}" if seed else "")
+
+
+def _spec(size: str) -> DemoModelSpec:
+    try:
+        return DEMO_MODEL_SPECS[size]
+    except KeyError:
+        raise ValueError(
+            f"unknown demo model size {size!r}; known: {', '.join(DEMO_MODEL_NAMES)}"
+        ) from None
+
+
+# --- tokenizer -----------------------------------------------------------------------------
+
+
+def _training_corpus() -> list[str]:
+    from pydoc_data.topics import topics
+
+    return [topics[name] for name in sorted(topics)]
+
+
+def _corpus_digest(corpus: list[str]) -> str:
+    digest = hashlib.sha256()
+    for text in corpus:
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def _build_tokenizer(dest: Path, corpus: list[str], vocab_size: int) -> dict[str, int]:
+    """Train the BPE, write the tokenizer files; return the special tokens' ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # The trainer's merge choice is deterministic (ties broken by pair order), whatever the
+    # thread count; the builds-are-identical test holds us to that.
+    tokenizer.train_from_iterator(corpus, trainer)
+    (dest / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n")
+
+    ids: dict[str, int] = {}
+    for token in SPECIAL_TOKENS:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            raise RuntimeError(f"the trained tokenizer lacks special token {token}")
+        ids[token] = token_id
+    # Written by hand rather than by `PreTrainedTokenizerFast.save_pretrained`, whose output
+    # differs between transformers 4 and 5 (5 names a class that 4 does not have).
+    _write_json(
+        dest / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": None,
+            "eos_token": IM_END,
+            "pad_token": IM_END,
+            "unk_token": None,
+            "additional_special_tokens": [IM_START],
+            "added_tokens_decoder": {
+                str(ids[token]): {
+                    "content": token,
+                    "lstrip": False,
+                    "normalized": False,
+                    "rstrip": False,
+                    "single_word": False,
+                    "special": True,
+                }
+                for token in SPECIAL_TOKENS
+            },
+            "chat_template": CHATML_TEMPLATE,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": MAX_POSITION_EMBEDDINGS,
+        },
+    )
+    _write_json(
+        dest / "special_tokens_map.json",
+        {"eos_token": IM_END, "pad_token": IM_END, "additional_special_tokens": [IM_START]},
+    )
+    return ids
+
+
+# --- model ---------------------------------------------------------------------------------
+
+
+def _model_config(
+    spec: DemoModelSpec, size: str, seed: int, eos_id: int, corpus_sha256: str
+) -> dict[str, Any]:
+    return {
+        "model_type": "llama",  # selects mlx_lm.models.llama
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "intermediate_size": spec.intermediate_size,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_theta": ROPE_THETA,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "bos_token_id": None,
+        "eos_token_id": eos_id,
+        "trexo_demo": {"size": size, "seed": seed, "corpus_sha256": corpus_sha256},
+    }
+
+
+def _build_weights(dest: Path, config: dict[str, Any], seed: int) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.models import llama
+    from mlx_lm.utils import save_config, save_model
+
+    model = llama.Model(llama.ModelArgs.from_dict(config))  # type: ignore[no-untyped-call]
+    # Explicit keys, one per parameter in name order: the weights depend on the seed only,
+    # not on MLX's global random state or on the order modules initialise in.
+    params: list[tuple[str, mx.array]] = sorted(
+        tree_flatten(model.parameters()),  # type: ignore[arg-type]
+        key=lambda item: item[0],
+    )
+    keys = mx.random.split(mx.random.key(seed), len(params))
+    weights = []
+    for key, (name, param) in zip(keys, params, strict=True):
+        if param.ndim == 1:  # RMS norm scales
+            value = mx.ones(param.shape, dtype=mx.float32)
+        else:  # N(0, 1/fan_in) keeps activations and tied-embedding logits near unit scale
+            value = mx.random.normal(param.shape, dtype=mx.float32, key=key)
+            value = value * (param.shape[-1] ** -0.5)
+        weights.append((name, value))
+    model.update(tree_unflatten(weights))
+    mx.eval(model.parameters())
+    save_model(dest, model)
+    save_config(config, dest / "config.json")
+
+
+def build_demo_model(
+    dest: Path, size: str = DEFAULT_DEMO_SIZE, seed: int = DEFAULT_DEMO_SEED
+) -> Path:
+    """Build demo model `size` with weights from `seed` into directory `dest`; return `dest`.
+
+    Needs no network. The same size and seed give byte-identical files. Writes in place: use
+    `ensure_demo_model` for a cached, atomically published model.
+    """
+    spec = _spec(size)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    corpus = _training_corpus()
+    ids = _build_tokenizer(dest, corpus, spec.vocab_size)
+    config = _model_config(spec, size, seed, ids[IM_END], _corpus_digest(corpus))
+    _build_weights(dest, config, seed)
+    return dest
+
+
+def ensure_demo_model(
+    models_dir: Path, size: str = DEFAULT_DEMO_SIZE, seed: int = DEFAULT_DEMO_SEED
+) -> Path:
+    """The demo model's directory under `models_dir`, built on first use.
+
+    The model is built into a hidden temporary directory beside its final place and renamed
+    into place, so neither a concurrent caller nor a crash ever leaves a half-written model
+    under the final name. If a concurrent caller publishes first, its (identical) copy wins.
+    """
+    final = Path(models_dir) / demo_model_name(size, seed)
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it owner-only
+        build_demo_model(tmp, size, seed)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
