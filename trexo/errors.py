@@ -41,3 +41,33 @@ class LoadFailed(RunnerError):
 
 class SupervisorGaveUp(TrexoError):
     """A supervised generation crashed more often than its restart intensity allows."""
+
+
+class ClusterError(TrexoError):
+    """A cluster operation could not be done; the API turns each kind into an HTTP error."""
+
+
+class NoSession(ClusterError):
+    """There is no master right now (an election is running); retry shortly."""
+
+    retry_after_s: float = 1.0
+
+
+class ModelNotFound(ClusterError):
+    """No such model is known, or none is placed in the cluster."""
+
+
+class InstanceNotFound(ClusterError):
+    """No instance with that id."""
+
+
+class PlacementRefused(ClusterError):
+    """The model cannot be placed (e.g. not enough memory); the message says why."""
+
+
+class CommandRefused(ClusterError):
+    """The master refused a command as invalid."""
+
+
+class GenerationFailed(ClusterError):
+    """A generation ended in error (its runner failed, or the session ended)."""

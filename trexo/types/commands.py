@@ -11,11 +11,16 @@ from trexo.types.models import ModelRef
 
 @attrs.frozen
 class PlaceInstance:
-    """Place `model`, on `node_id` if given, else wherever it fits best."""
+    """Place `model`, on `node_id` if given, else wherever it fits best.
+
+    With `only_if_absent`, an existing instance of the model is the answer instead (how
+    every node can ask for the default model and the cluster still gets one).
+    """
 
     command_id: str
     model: ModelRef
     node_id: NodeId | None = None
+    only_if_absent: bool = False
 
 
 @attrs.frozen

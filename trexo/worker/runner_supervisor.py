@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import trio
 
-from trexo.config import RunnerConfig
+from trexo.config import CANCEL_SEND_TIMEOUT_S, RunnerConfig
 from trexo.errors import LoadFailed, RunnerDied, RunnerError, WireError
 from trexo.runner.exit_codes import describe_exit
 from trexo.types.chunks import Chunk
@@ -52,8 +52,6 @@ from trexo.wire import FramedStream
 
 log = logging.getLogger(__name__)
 
-CANCEL_SEND_TIMEOUT_S = 0.5
-"""Bound on telling the runner that a request's consumer went away."""
 OUTPUT_DRAIN_TIMEOUT_S = 1.0
 """After a stop, how long to keep copying the runner's last output lines."""
 StatusListener = Callable[[RunnerStatus], None]
@@ -376,7 +374,7 @@ class _LineForwarder:
     async def copy(self, stream: trio.abc.ReceiveStream) -> None:
         if self._log_path is not None and self._file is None:
             await trio.Path(self._log_path.parent).mkdir(parents=True, exist_ok=True)
-            self._file = await trio.open_file(self._log_path, "ab")
+            self._file = await trio.open_file(self._log_path, "ab", buffering=0)
         async for data in stream:
             if self._file is not None:
                 await self._file.write(data)

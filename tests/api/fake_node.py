@@ -1,0 +1,179 @@
+"""A scripted `NodeHandle` for HTTP tests: chunks on a timetable, errors on demand.
+
+Like the real node, its generation context runs a nursery, so what the API raises inside
+the block comes back wrapped in exception groups, and it records how each block was left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from trexo.api.handle import ModelListing
+from trexo.errors import InstanceNotFound, ModelNotFound, NoSession, PlacementRefused
+from trexo.types.chunks import Chunk, FinishReason, Usage
+from trexo.types.generation import GenerationRequest
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
+from trexo.types.models import ModelRef
+from trexo.types.state import Instance, NodeInfo, RunnerAssignment, State
+
+DEMO = ModelRef("demo-tiny", "demo:tiny", 3_400_000)
+OTHER = ModelRef("org/other-model", "/models/other", 10_000_000)
+TOO_BIG = ModelRef("too-big", "/models/too-big", 10**15)
+NODE_ID = NodeId("fake-node")
+
+
+@attrs.frozen
+class Step:
+    """After `delay` seconds, yield `text` (finishing with `finish`), or raise `error`."""
+
+    delay: float = 0.0
+    text: str = ""
+    finish: FinishReason | None = None
+    usage: Usage | None = None
+    tokens: int = 1
+    error: Exception | None = None
+
+
+HELLO = (
+    Step(text="Hello"),
+    Step(text=" world"),
+    Step(text="!", finish="stop", usage=Usage(prompt_tokens=5, completion_tokens=3)),
+)
+
+
+class FakeNode:
+    def __init__(self, script: tuple[Step, ...] = HELLO) -> None:
+        self.node_id = NODE_ID
+        self.script = script
+        self.no_session = False
+        self.requests: list[tuple[str, GenerationRequest]] = []
+        self.exits: dict[RequestId, str] = {}
+        """How each generation block was left: "completed", or the exception's class name."""
+        self.entered: dict[RequestId, trio.Event] = {}
+        self.finished: dict[RequestId, trio.Event] = {}
+        self._cancel: dict[RequestId, trio.Event] = {}
+        self.any_entered = trio.Event()
+        instance = Instance(
+            InstanceId("inst-0"), DEMO, (RunnerAssignment(RunnerId("runner-0"), NODE_ID),)
+        )
+        self.state = State(
+            nodes={NODE_ID: NodeInfo(NODE_ID, "fakehost", 16 * 2**30, 8 * 2**30)},
+            instances={instance.instance_id: instance},
+            last_index=3,
+        )
+
+    # --- NodeHandle ---------------------------------------------------------------------------
+
+    def current_state(self) -> State:
+        return self.state
+
+    def health(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "session": None if self.no_session else "s-1"}
+
+    def models(self) -> list[ModelListing]:
+        loaded = {instance.model.model_id for instance in self.state.instances.values()}
+        return [ModelListing(m, m.model_id in loaded) for m in (DEMO, OTHER, TOO_BIG)]
+
+    async def place_instance(self, model_id: str, node_id: NodeId | None = None) -> InstanceId:
+        await trio.lowlevel.checkpoint()
+        if self.no_session:
+            raise NoSession()
+        model = self._model(model_id)
+        if model is TOO_BIG:
+            raise PlacementRefused(f"{model_id} needs more memory than the cluster has")
+        instance_id = InstanceId(f"inst-{len(self.state.instances)}")
+        assignment = RunnerAssignment(RunnerId(f"runner-{instance_id}"), node_id or NODE_ID)
+        instances = {
+            **self.state.instances,
+            instance_id: Instance(instance_id, model, (assignment,)),
+        }
+        self.state = attrs.evolve(self.state, instances=instances)
+        return instance_id
+
+    async def delete_instance(self, instance_id: InstanceId) -> None:
+        await trio.lowlevel.checkpoint()
+        if instance_id not in self.state.instances:
+            raise InstanceNotFound(f"no instance {instance_id}")
+        instances = {k: v for k, v in self.state.instances.items() if k != instance_id}
+        self.state = attrs.evolve(self.state, instances=instances)
+
+    def open_generation(
+        self, model_id: str, request: GenerationRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
+        return self._generation(model_id, request)
+
+    async def cancel(self, request_id: RequestId) -> bool:
+        await trio.lowlevel.checkpoint()
+        if request_id not in self._cancel:
+            return False
+        self._cancel[request_id].set()
+        return True
+
+    # --- the fake's own -----------------------------------------------------------------------
+
+    def only_request_id(self) -> RequestId:
+        [(_, request)] = self.requests
+        return request.request_id
+
+    def _model(self, model_id: str) -> ModelRef:
+        for model in (DEMO, OTHER, TOO_BIG):
+            if model.model_id == model_id:
+                return model
+        raise ModelNotFound(f"The model '{model_id}' does not exist.")
+
+    @asynccontextmanager
+    async def _generation(
+        self, model_id: str, request: GenerationRequest
+    ) -> AsyncIterator[AsyncIterator[Chunk]]:
+        await trio.lowlevel.checkpoint()
+        if self.no_session:
+            raise NoSession()
+        self._model(model_id)
+        request_id = request.request_id
+        self.requests.append((model_id, request))
+        self.finished[request_id] = trio.Event()
+        cancel = self._cancel[request_id] = trio.Event()
+        outcome = "completed"
+        self.any_entered.set()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.sleep_forever)  # a stand-in for the node's stream task
+                yield self._chunks(request_id, cancel)
+                nursery.cancel_scope.cancel()
+        except BaseException as exc:
+            outcome = _leaf_name(exc)
+            raise
+        finally:
+            self.exits[request_id] = outcome
+            del self._cancel[request_id]
+            self.finished[request_id].set()
+
+    async def _chunks(self, request_id: RequestId, cancel: trio.Event) -> AsyncIterator[Chunk]:
+        sent = 0
+        for step in self.script:
+            with trio.move_on_after(step.delay):
+                await cancel.wait()
+            if cancel.is_set():
+                yield Chunk(request_id, "", finish_reason="cancelled", usage=Usage(5, sent))
+                return
+            if step.error is not None:
+                raise step.error
+            sent += step.tokens
+            yield Chunk(
+                request_id,
+                step.text,
+                token_ids=tuple(range(step.tokens)),
+                finish_reason=step.finish,
+                usage=step.usage,
+            )
+
+
+def _leaf_name(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return type(exc).__name__

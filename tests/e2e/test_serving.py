@@ -1,0 +1,217 @@
+"""End to end: a real `trexo run` process, the real runner, the official openai client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+import trio
+
+from trexo import wire
+from trexo.master.event_log import read_log
+from trexo.runner.hooks import HOOKS_ENV
+from trexo.state import apply
+from trexo.types.state import State
+
+from .harness import TrexoProcess, run_trexo, stop
+
+MODEL = "trexo-demo-tiny"
+TIMEOUT_S = 60.0
+GONE_BOUND_S = 10.0
+MESSAGES = [{"role": "user", "content": "Explain the for statement."}]
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "trio"
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[TrexoProcess]:
+    async with run_trexo(tmp_path / "node") as node:
+        yield node
+
+
+def client(node: TrexoProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0)
+
+
+async def stream_text(c: openai.AsyncOpenAI, **kwargs: object) -> tuple[str, list[object]]:
+    chunks = []
+    text = ""
+    stream = await c.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, **kwargs)  # type: ignore[call-overload]
+    async for chunk in stream:
+        chunks.append(chunk)
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+    return text, chunks
+
+
+async def test_streaming_and_non_streaming_agree_and_count_usage(node: TrexoProcess) -> None:
+    c = client(node)
+    with trio.fail_after(TIMEOUT_S):
+        full = await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=30)  # type: ignore[arg-type]
+        text, chunks = await stream_text(c, max_tokens=30, stream_options={"include_usage": True})
+    assert full.choices[0].message.content == text
+    assert full.usage is not None
+    assert full.usage.completion_tokens <= 30
+    usage = chunks[-1].usage  # type: ignore[attr-defined]
+    assert usage is not None
+    assert usage.completion_tokens == full.usage.completion_tokens
+    assert usage.prompt_tokens == full.usage.prompt_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    content_chunks = [ch for ch in chunks if ch.choices and ch.choices[0].delta.content]  # type: ignore[attr-defined]
+    assert 0 < len(content_chunks) <= usage.completion_tokens
+
+
+async def test_greedy_output_is_deterministic(node: TrexoProcess) -> None:
+    c = client(node)
+    with trio.fail_after(TIMEOUT_S):
+        first = await c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=25, temperature=0
+        )  # type: ignore[arg-type]
+        second = await c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=25, temperature=0
+        )  # type: ignore[arg-type]
+    assert first.choices[0].message.content == second.choices[0].message.content
+    assert first.choices[0].message.content
+
+
+async def test_max_tokens_and_stop_are_honoured(node: TrexoProcess) -> None:
+    c = client(node)
+    with trio.fail_after(TIMEOUT_S):
+        long = await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40)  # type: ignore[arg-type]
+        text = long.choices[0].message.content or ""
+        short = await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)  # type: ignore[arg-type]
+        assert short.usage is not None
+        assert short.usage.completion_tokens == 3
+        assert short.choices[0].finish_reason == "length"
+        assert text.startswith(short.choices[0].message.content or "")
+        stop_at = text[len(text) // 2 :][:4]
+        assert stop_at.strip(), f"need some text to stop on: {text!r}"
+        stopped = await c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=40, stop=[stop_at]
+        )  # type: ignore[arg-type]
+    assert stopped.choices[0].message.content == text[: text.index(stop_at)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+async def test_four_simultaneous_streams_all_complete_correctly(node: TrexoProcess) -> None:
+    c = client(node)
+    with trio.fail_after(TIMEOUT_S):
+        alone = await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20)  # type: ignore[arg-type]
+        results: list[str] = []
+
+        async def one() -> None:
+            text, _ = await stream_text(c, max_tokens=20)
+            results.append(text)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(one)
+    assert results == [alone.choices[0].message.content] * 4
+
+
+async def test_bad_input_gets_openai_style_errors_and_the_server_keeps_serving(
+    node: TrexoProcess,
+) -> None:
+    url = f"{node.url}/v1/chat/completions"
+    ok = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2}
+    cases: list[tuple[dict[str, object], int]] = [
+        ({"content": b"{not json"}, 400),
+        ({"json": {"model": MODEL}}, 400),
+        ({"json": {**ok, "messages": "hello"}}, 400),
+        ({"json": {**ok, "max_tokens": "many"}}, 400),
+        ({"json": {**ok, "max_tokens": -1}}, 400),
+        ({"json": {**ok, "model": "no-such-model"}}, 404),
+        ({"content": b"x" * (64 * 1024 * 1024)}, 413),
+    ]
+    async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+        for request, status in cases:
+            response = await http.post(url, headers={"Content-Type": "application/json"}, **request)  # type: ignore[arg-type]
+            assert response.status_code == status, (request.keys(), response.text[:200])
+            error = response.json()["error"]
+            assert set(error) >= {"message", "type", "param", "code"}
+            assert error["message"]
+            served = await http.post(url, json=ok)
+            assert served.status_code == 200, served.text
+
+
+async def test_a_client_that_disconnects_cancels_its_generation(tmp_path: Path) -> None:
+    env = {HOOKS_ENV: "step_delay=0.05"}
+    async with run_trexo(tmp_path / "node", env=env) as node:
+        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2000, "stream": True}
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+            with trio.fail_after(TIMEOUT_S):
+                async with http.stream(
+                    "POST", f"{node.url}/v1/chat/completions", json=body
+                ) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data:"):
+                            break  # and disconnect
+                # The runner ends that generation, and the next request is served promptly.
+                while "finished: cancelled" not in node.runner_logs():
+                    await trio.sleep(0.05)
+                quick = await http.post(
+                    f"{node.url}/v1/chat/completions",
+                    json={"model": MODEL, "messages": MESSAGES, "max_tokens": 2},
+                )
+        assert quick.status_code == 200
+        state = (await httpx.AsyncClient().get(f"{node.url}/state")).json()
+        assert state["tasks"] == {}
+
+
+async def wait_gone(pids: list[int]) -> list[int]:
+    with trio.move_on_after(GONE_BOUND_S):
+        while any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            for p in pids
+        ):
+            await trio.sleep(0.05)
+    return [
+        p
+        for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+async def test_sigint_stops_the_node_and_its_runner(tmp_path: Path) -> None:
+    async with run_trexo(tmp_path / "node") as node:
+        runners = node.runner_pids()
+        assert runners, "the default model's runner should be running"
+        await stop(node, signal.SIGINT)
+        assert node.process.returncode == 0, node.log_text()[-2000:]
+        assert await wait_gone(runners) == []
+
+
+async def test_sigkill_of_the_node_takes_its_runner_too(tmp_path: Path) -> None:
+    async with run_trexo(tmp_path / "node") as node:
+        runners = node.runner_pids()
+        assert runners
+        os.kill(node.pid, signal.SIGKILL)
+        await node.process.wait()
+        assert await wait_gone(runners) == []
+
+
+async def test_the_event_log_reads_back_into_the_served_state(node: TrexoProcess) -> None:
+    async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+        await http.post(
+            f"{node.url}/v1/chat/completions",
+            json={"model": MODEL, "messages": MESSAGES, "max_tokens": 2},
+        )
+        served = (await http.get(f"{node.url}/state")).json()
+    logs = sorted((node.data_dir / "events").glob("*"))
+    assert len(logs) == 1
+    events = read_log(logs[0])
+    assert [e.index for e in events] == list(range(len(events)))
+    state = State()
+    for event in events[: served["last_index"] + 1]:  # more may have come since
+        state = apply(state, event)
+    assert json.loads(wire.to_json(state, State)) == served

@@ -1,0 +1,178 @@
+"""The master's pure decisions: commands to events or refusals, local events to events."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from trexo.master.decide import (
+    Accepted,
+    Refused,
+    choose_instance,
+    decide_command,
+    decide_local_event,
+)
+from trexo.state import apply_all
+from trexo.types.commands import CancelTask, DeleteInstance, PlaceInstance, SubmitTask
+from trexo.types.events import (
+    InstanceCreated,
+    InstanceDeleted,
+    NodeUpdated,
+    RunnerStatusChanged,
+    TaskCreated,
+    TaskFinished,
+    TaskStatusChanged,
+)
+from trexo.types.generation import GenerationRequest
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
+from trexo.types.local_events import NodeReport, RunnerReport, TaskReport
+from trexo.types.models import ModelRef
+from trexo.types.runner_status import RunnerFailed, RunnerLoading, RunnerReady
+from trexo.types.state import Instance, NodeInfo, RunnerAssignment, State, Task
+
+MiB = 1024 * 1024
+A = NodeId("a")
+MODEL = ModelRef("m", "demo:tiny", 10 * MiB)
+NODE = NodeInfo(A, "host-a", 1024 * MiB, 1024 * MiB)
+
+
+def instance(iid: str, runner: str) -> Instance:
+    return Instance(InstanceId(iid), MODEL, (RunnerAssignment(RunnerId(runner), A),))
+
+
+def request(rid: str) -> GenerationRequest:
+    return GenerationRequest(RequestId(rid), prompt="hello")
+
+
+def decide(state: State, command: object) -> Accepted | Refused:
+    counter = itertools.count()
+    return decide_command(state, command, new_id=lambda: f"id{next(counter)}")  # type: ignore[arg-type]
+
+
+def test_place_creates_an_instance_with_fresh_ids() -> None:
+    state = apply_all(State(), [NodeUpdated(NODE)])
+    decision = decide(state, PlaceInstance("c", MODEL))
+    assert isinstance(decision, Accepted)
+    (event,) = decision.events
+    assert isinstance(event, InstanceCreated)
+    assert decision.result_id == event.instance.instance_id == "id0"
+    assert event.instance.lead.runner_id == "id1"
+
+
+def test_place_refusals_have_kinds() -> None:
+    state = apply_all(State(), [NodeUpdated(NodeInfo(A, "h", MiB, MiB))])
+    short = decide(state, PlaceInstance("c", MODEL))
+    assert isinstance(short, Refused)
+    assert short.kind == "insufficient_memory"
+    assert "needs 12.0 MiB" in short.error
+    ghost = decide(state, PlaceInstance("c", MODEL, NodeId("ghost")))
+    assert ghost == Refused("node ghost is not in the cluster", "not_found")
+    bad = decide(state, PlaceInstance("c", ModelRef("", "demo:tiny", 1)))
+    assert isinstance(bad, Refused)
+    assert bad.kind == "invalid"
+
+
+def test_place_only_if_absent_answers_with_the_existing_instance() -> None:
+    state = apply_all(State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1"))])
+    assert decide(state, PlaceInstance("c", MODEL, only_if_absent=True)) == Accepted((), "i1")
+    placed = decide(state, PlaceInstance("c", MODEL))
+    assert isinstance(placed, Accepted)
+    assert len(placed.events) == 1
+
+
+def test_delete() -> None:
+    state = apply_all(State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1"))])
+    assert decide(state, DeleteInstance("c", InstanceId("i1"))) == Accepted(
+        (InstanceDeleted(InstanceId("i1")),), "i1"
+    )
+    assert decide(state, DeleteInstance("c", InstanceId("nope"))) == Refused(
+        "no instance nope", "not_found"
+    )
+
+
+def test_submit_creates_a_task_named_by_the_request() -> None:
+    state = apply_all(State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1"))])
+    decision = decide(state, SubmitTask("c", "m", NodeId("origin"), request("q1")))
+    task = Task(RequestId("q1"), InstanceId("i1"), NodeId("origin"), request("q1"))
+    assert decision == Accepted((TaskCreated(task),), "q1")
+    assert decide(state, SubmitTask("c", "other", A, request("q2"))) == Refused(
+        "model other is not placed in the cluster", "not_found"
+    )
+    state = apply_all(state, [TaskCreated(task)])
+    duplicate = decide(state, SubmitTask("c", "m", A, request("q1")))
+    assert isinstance(duplicate, Refused)
+    assert duplicate.kind == "invalid"
+
+
+def test_cancel() -> None:
+    task = Task(RequestId("q1"), InstanceId("i1"), A, request("q1"))
+    state = apply_all(State(), [InstanceCreated(instance("i1", "r1")), TaskCreated(task)])
+    assert decide(state, CancelTask("c", RequestId("q1"))) == Accepted(
+        (TaskFinished(RequestId("q1"), "cancelled"),), "q1"
+    )
+    assert decide(state, CancelTask("c", RequestId("zz"))) == Refused("no task zz", "not_found")
+
+
+def test_choose_instance_prefers_ready_then_fewest_tasks() -> None:
+    state = apply_all(
+        State(),
+        [
+            InstanceCreated(instance("i1", "r1")),
+            InstanceCreated(instance("i2", "r2")),
+            InstanceCreated(instance("i3", "r3")),
+            RunnerStatusChanged(RunnerId("r1"), InstanceId("i1"), A, RunnerLoading(0.5)),
+            RunnerStatusChanged(RunnerId("r3"), InstanceId("i3"), A, RunnerFailed("boom")),
+        ],
+    )
+    assert choose_instance(state, "m") is not None
+    assert choose_instance(state, "m").instance_id == "i1"  # type: ignore[union-attr]
+    ready = [
+        RunnerStatusChanged(RunnerId(r), InstanceId(i), A, RunnerReady())
+        for i, r in [("i1", "r1"), ("i2", "r2")]
+    ]
+    state = apply_all(state, ready)
+    assert choose_instance(state, "m").instance_id == "i1"  # type: ignore[union-attr]
+    busy = Task(RequestId("q"), InstanceId("i1"), A, request("q"))
+    state = apply_all(state, [TaskCreated(busy)])
+    assert choose_instance(state, "m").instance_id == "i2"  # type: ignore[union-attr]
+    assert choose_instance(state, "unplaced") is None
+
+
+def test_local_events_become_events_only_when_they_change_something() -> None:
+    task = Task(RequestId("q1"), InstanceId("i1"), A, request("q1"))
+    state = apply_all(
+        State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1")), TaskCreated(task)]
+    )
+    assert decide_local_event(state, NodeReport(NODE)) is None
+    moved = NodeInfo(A, "host-a", 1024 * MiB, 512 * MiB)
+    assert decide_local_event(state, NodeReport(moved)) == NodeUpdated(moved)
+
+    ready = RunnerReport(RunnerId("r1"), InstanceId("i1"), RunnerReady())
+    assert decide_local_event(state, ready) == RunnerStatusChanged(
+        RunnerId("r1"), InstanceId("i1"), A, RunnerReady()
+    )
+    assert (
+        decide_local_event(state, RunnerReport(RunnerId("r9"), InstanceId("i1"), RunnerReady()))
+        is None
+    )
+    assert (
+        decide_local_event(state, RunnerReport(RunnerId("r1"), InstanceId("i9"), RunnerReady()))
+        is None
+    )
+
+    assert decide_local_event(state, TaskReport(RequestId("q1"), "pending")) is None
+    assert decide_local_event(state, TaskReport(RequestId("q1"), "running")) == TaskStatusChanged(
+        RequestId("q1"), "running"
+    )
+    done = TaskReport(RequestId("q1"), finish_reason="length")
+    assert decide_local_event(state, done) == TaskFinished(RequestId("q1"), "length")
+    assert decide_local_event(state, TaskReport(RequestId("zz"), finish_reason="stop")) is None
+
+
+@pytest.mark.parametrize("status", [RunnerReady(), RunnerLoading(0.1)])
+def test_runner_report_keeps_the_recorded_node(status: object) -> None:
+    state = apply_all(State(), [InstanceCreated(instance("i1", "r1"))])
+    event = decide_local_event(state, RunnerReport(RunnerId("r1"), InstanceId("i1"), status))  # type: ignore[arg-type]
+    assert isinstance(event, RunnerStatusChanged)
+    assert event.node_id == A

@@ -1,0 +1,354 @@
+"""The master service with a real in-process router and a real state view."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+from trexo.config import MasterConfig
+from trexo.master.event_log import log_path, read_log
+from trexo.master.service import Master
+from trexo.net.router import Envelope, Router
+from trexo.net.topics import Topic
+from trexo.state import apply_all
+from trexo.types.commands import (
+    CancelTask,
+    Command,
+    DeleteInstance,
+    PlaceInstance,
+    RequestReplay,
+    SubmitTask,
+)
+from trexo.types.events import IndexedEvent, InstanceCreated, NodeUpdated, TaskFinished
+from trexo.types.generation import GenerationRequest
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
+from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
+from trexo.types.models import ModelRef
+from trexo.types.runner_status import RunnerIdle, RunnerLoading, RunnerReady
+from trexo.types.session import Session
+from trexo.types.state import NodeInfo, State
+from trexo.types.stream import CommandReply
+from trexo.worker.state_view import StateView
+
+BOUND_S = 10.0
+MiB = 1024 * 1024
+ME, PEER = NodeId("me"), NodeId("peer")
+SESSION = Session(1, ME)
+SMALL = ModelRef("trexo-demo-small", "demo:small", 80 * MiB)  # needs 96 MiB
+
+
+def node(node_id: NodeId, available: int) -> NodeInfo:
+    return NodeInfo(node_id, f"host-{node_id}", 4 * available, available)
+
+
+def request(rid: str) -> GenerationRequest:
+    return GenerationRequest(RequestId(rid), prompt="hello")
+
+
+@attrs.define
+class Harness:
+    router: Router
+    master: Master
+    view: StateView
+    replies: trio.MemoryReceiveChannel[Envelope]
+    counter: int = 0
+
+    async def command(self, make: Callable[[str], Command]) -> CommandReply:
+        """Send a command (given its id) to the master and wait for the reply to it."""
+        self.counter += 1
+        cmd = make(f"c{self.counter}")
+        await self.router.send(ME, Topic.COMMANDS, cmd)
+        async for envelope in self.replies:
+            reply = envelope.payload
+            if isinstance(reply, CommandReply) and reply.command_id == cmd.command_id:
+                return reply
+        raise AssertionError("replies ended")
+
+    async def report(self, *events: LocalEvent) -> None:
+        for event in events:
+            await self.router.publish(Topic.LOCAL_EVENTS, event)
+
+    async def converged(self) -> State:
+        """Wait until the view has applied everything the master emitted; return it."""
+        return await self.view.wait_until(lambda s: s == self.master.state)
+
+
+@asynccontextmanager
+async def running(
+    log_dir: Path, initial_state: State | None = None, *, session: Session = SESSION
+) -> AsyncIterator[Harness]:
+    router = Router(ME)
+    with trio.fail_after(BOUND_S):
+        async with trio.open_nursery() as nursery:
+            master = await nursery.start(Master(router, session, log_dir, initial_state).run)
+            view = await nursery.start(StateView(router, session).run)
+            with router.subscribe(Topic.STREAM) as replies:
+                yield Harness(router, master, view, replies)
+            nursery.cancel_scope.cancel()
+
+
+async def settled(h: Harness) -> None:
+    """Once the view has an event and the master answered a command, no request is in flight."""
+    await h.report(NodeReport(node(ME, 500 * MiB)))
+    await h.view.wait_until(lambda s: bool(s.nodes))
+    await h.command(lambda c: CancelTask(c, RequestId("barrier")))
+
+
+async def place(h: Harness, node_id: NodeId | None = None) -> CommandReply:
+    return await h.command(lambda c: PlaceInstance(c, SMALL, node_id))
+
+
+# --- tests ---------------------------------------------------------------------------------
+
+
+async def test_view_converges_with_the_master(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(NodeReport(node(ME, 500 * MiB)), NodeReport(node(PEER, 200 * MiB)))
+        await h.view.wait_until(lambda s: len(s.nodes) == 2)
+        placed = await place(h)
+        assert placed.error is None
+        iid = InstanceId(placed.result_id or "")
+        instance = h.master.state.instances[iid]
+        assert instance.node_ids == (ME,)
+        runner = instance.lead.runner_id
+
+        await h.report(
+            RunnerReport(runner, iid, RunnerLoading(0.5)), RunnerReport(runner, iid, RunnerReady())
+        )
+        submitted = await h.command(lambda c: SubmitTask(c, SMALL.model_id, PEER, request("q1")))
+        assert submitted.result_id == "q1"
+        await h.command(lambda c: SubmitTask(c, SMALL.model_id, PEER, request("q2")))
+        await h.report(
+            TaskReport(RequestId("q1"), "running"),
+            TaskReport(RequestId("q2"), finish_reason="stop"),
+        )
+        cancelled = await h.command(lambda c: CancelTask(c, RequestId("q1")))
+        assert cancelled.result_id == "q1"
+        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, request("q3")))
+
+        state = await h.converged()
+        assert state.runners[runner].status == RunnerReady()
+        assert set(state.tasks) == {"q3"}
+        assert state.tasks[RequestId("q3")].instance_id == iid
+
+        deleted = await h.command(lambda c: DeleteInstance(c, iid))
+        assert deleted.result_id == iid
+        state = await h.converged()
+        assert state.instances == {}
+        assert state.tasks == {}
+        assert state.runners == {}
+        assert set(state.nodes) == {ME, PEER}
+
+
+async def test_indices_are_contiguous_from_zero_and_logged_before_broadcast(
+    tmp_path: Path,
+) -> None:
+    seen: list[IndexedEvent] = []
+    router = Router(ME)
+    path = log_path(tmp_path, SESSION)
+    with trio.fail_after(BOUND_S), router.subscribe(Topic.GLOBAL_EVENTS) as broadcast:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(Master(router, SESSION, tmp_path).run)
+            for k in range(5):
+                await router.publish(Topic.LOCAL_EVENTS, NodeReport(node(ME, (k + 1) * MiB)))
+            async for envelope in broadcast:
+                event = envelope.payload
+                assert envelope.sender == ME
+                # The record is on disk (flushed) before anyone hears of the event.
+                assert read_log(path)[event.index] == event
+                seen.append(event)
+                if len(seen) == 5:
+                    break
+            nursery.cancel_scope.cancel()
+    assert [e.index for e in seen] == [0, 1, 2, 3, 4]
+    assert all(e.session == SESSION for e in seen)
+
+
+async def test_place_refused_names_required_and_available_memory(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(NodeReport(node(NodeId("abc"), 50 * MiB)))
+        await h.view.wait_until(lambda s: bool(s.nodes))
+        reply = await place(h, NodeId("abc"))
+        assert reply.error_kind == "insufficient_memory"
+        assert (
+            reply.error == "model trexo-demo-small needs 96.0 MiB, node abc has 50.0 MiB available"
+        )
+        assert reply.result_id is None
+        assert h.master.state.instances == {}
+
+
+async def test_memory_reserved_by_a_placement_is_not_given_twice(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(NodeReport(node(ME, 150 * MiB)))
+        await h.view.wait_until(lambda s: bool(s.nodes))
+        assert (await place(h)).error is None
+        second = await place(h)
+        assert second.error_kind == "insufficient_memory"
+        assert "54.0 MiB available" in (second.error or "")
+
+
+async def test_unknown_ids_are_refused_as_not_found(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        assert (
+            await h.command(lambda c: DeleteInstance(c, InstanceId("x")))
+        ).error_kind == "not_found"
+        assert (await h.command(lambda c: CancelTask(c, RequestId("x")))).error_kind == "not_found"
+        submit = await h.command(lambda c: SubmitTask(c, "nope", ME, request("q")))
+        assert submit.error_kind == "not_found"
+        assert (await place(h, NodeId("ghost"))).error_kind == "not_found"
+        bad = await h.command(lambda c: RequestReplay(c, -1))
+        assert bad.error_kind == "invalid"
+        stats = h.master.statistics()
+        assert stats.commands_refused == 5
+        assert stats.events_emitted == 0
+
+
+async def test_log_on_disk_reads_back_into_the_same_state(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(NodeReport(node(ME, 500 * MiB)))
+        await h.view.wait_until(lambda s: bool(s.nodes))
+        iid = InstanceId((await place(h)).result_id or "")
+        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, request("q1")))
+        await h.report(TaskReport(RequestId("q1"), "running"))
+        state = await h.view.wait_until(
+            lambda s: bool(s.tasks) and s.tasks[RequestId("q1")].status == "running"
+        )
+        assert iid in state.instances
+        final = h.master.state
+    logged = read_log(log_path(tmp_path, SESSION))
+    assert [e.index for e in logged] == list(range(len(logged)))
+    assert apply_all(State(), logged) == final
+
+
+async def test_replay_sends_the_sender_every_event_from_the_index(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(*(NodeReport(node(ME, k * MiB)) for k in range(1, 5)))
+        await h.view.wait_until(lambda s: s.last_index == 3)
+        with h.router.subscribe(Topic.GLOBAL_EVENTS) as events:
+            reply = await h.command(lambda c: RequestReplay(c, 2))
+            assert reply.error is None
+            got = [events.receive_nowait().payload for _ in range(2)]
+            with pytest.raises(trio.WouldBlock):
+                events.receive_nowait()
+        assert [e.index for e in got] == [2, 3]
+        assert h.master.statistics().replays_served >= 1
+
+
+async def test_unknown_runner_and_task_reports_are_ignored(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(
+            RunnerReport(RunnerId("ghost"), InstanceId("nope"), RunnerReady()),
+            TaskReport(RequestId("ghost"), finish_reason="stop"),
+            NodeReport(node(ME, MiB)),
+        )
+        state = await h.view.wait_until(lambda s: bool(s.nodes))
+        assert state.last_index == 0  # only the node report made an event
+        assert h.master.statistics().local_events_handled == 3
+
+
+async def test_malformed_payloads_are_dropped_with_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trexo.master.service")
+    async with running(tmp_path) as h:
+        await h.router.publish(Topic.COMMANDS, {"type": "PlaceInstance"})
+        await h.router.publish(Topic.LOCAL_EVENTS, "garbage")
+        await h.router.publish(Topic.LOCAL_EVENTS, NodeReport(node(ME, MiB)))
+        await h.view.wait_until(lambda s: bool(s.nodes))
+        assert (await h.command(lambda c: CancelTask(c, RequestId("x")))).error_kind == "not_found"
+        assert h.master.statistics().payloads_dropped == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("dropped a dict payload on commands" in m for m in messages)
+    assert any("dropped a str payload on local_events" in m for m in messages)
+
+
+async def test_a_reply_to_a_vanished_sender_is_not_a_crash(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await settled(h)
+        before = h.master.commands_seen
+        envelope = Envelope(Topic.COMMANDS, NodeId("gone"), CancelTask("c-gone", RequestId("x")))
+        await h.router.deliver(envelope)
+        await h.router.deliver(Envelope(Topic.COMMANDS, NodeId("gone"), RequestReplay("r", 0)))
+        assert (await h.command(lambda c: CancelTask(c, RequestId("y")))).error_kind == "not_found"
+        assert h.master.commands_seen == before + 3
+
+
+async def test_commands_seen_counts_every_command(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await settled(h)
+        before = h.master.commands_seen
+        assert before >= 2  # the view's replay request from 0 is a command too
+        await h.command(lambda c: RequestReplay(c, 0))
+        await h.command(lambda c: DeleteInstance(c, InstanceId("x")))
+        assert h.master.commands_seen == before + 2
+        assert h.master.statistics().commands_handled == h.master.commands_seen
+
+
+async def test_a_restarted_master_resumes_its_session_log(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(NodeReport(node(ME, 500 * MiB)))
+        await h.view.wait_until(lambda s: bool(s.nodes))
+        first = await place(h)
+        before = await h.converged()
+    async with running(tmp_path) as h:
+        assert h.master.state == before
+        second = await place(h)
+        state = await h.converged()
+        assert set(state.instances) == {first.result_id, second.result_id}
+        assert state.last_index == before.last_index + 1
+    logged = read_log(log_path(tmp_path, SESSION))
+    assert [e.index for e in logged] == list(range(state.last_index + 1))
+
+
+async def test_a_new_session_rebuilds_the_previous_state_in_its_log(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(NodeReport(node(ME, 500 * MiB)))
+        await h.view.wait_until(lambda s: bool(s.nodes))
+        iid = InstanceId((await place(h)).result_id or "")
+        runner = h.master.state.instances[iid].lead.runner_id
+        await h.report(RunnerReport(runner, iid, RunnerReady()))
+        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, request("q1")))
+        old = await h.converged()
+    new_session = Session(2, ME)
+    assert old.tasks
+    assert old.runners[runner].status == RunnerReady()
+    async with running(tmp_path, old, session=new_session) as h:
+        state = await h.converged()
+        # Nodes and placements carry over; the old generation's runners and tasks do not.
+        assert state.nodes == old.nodes
+        assert state.instances == old.instances
+        assert state.runners[runner].status == RunnerIdle()
+        assert state.tasks == {}
+        events = read_log(log_path(tmp_path, new_session))
+        assert [type(e.event) for e in events] == [NodeUpdated, InstanceCreated]
+        assert apply_all(State(), events) == state
+
+
+async def test_cancel_emits_task_finished_cancelled(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(NodeReport(node(ME, 500 * MiB)))
+        await h.view.wait_until(lambda s: bool(s.nodes))
+        await place(h)
+        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, request("q1")))
+        await h.command(lambda c: CancelTask(c, RequestId("q1")))
+        await h.converged()
+    last = read_log(log_path(tmp_path, SESSION))[-1].event
+    assert last == TaskFinished(RequestId("q1"), "cancelled")
+
+
+async def test_fsync_every_event_policy_works_end_to_end(tmp_path: Path) -> None:
+    router = Router(ME)
+    master = Master(router, SESSION, tmp_path, config=MasterConfig(fsync_interval=0))
+    with trio.fail_after(BOUND_S), router.subscribe(Topic.GLOBAL_EVENTS) as broadcast:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(master.run)
+            await router.publish(Topic.LOCAL_EVENTS, NodeReport(node(ME, MiB)))
+            assert (await broadcast.receive()).payload.index == 0
+            nursery.cancel_scope.cancel()
+    assert len(read_log(log_path(tmp_path, SESSION))) == 1

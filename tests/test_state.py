@@ -1,0 +1,314 @@
+"""`trexo.state.apply`: one test per event kind, then properties of random event sequences."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trexo import wire
+from trexo.state import apply, apply_all, carry_over, rebuild_events
+from trexo.types.events import (
+    Event,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeRemoved,
+    NodeUpdated,
+    RunnerStatusChanged,
+    TaskCreated,
+    TaskFinished,
+    TaskStatusChanged,
+)
+from trexo.types.generation import GenerationRequest
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
+from trexo.types.models import ModelRef
+from trexo.types.runner_status import (
+    RunnerFailed,
+    RunnerIdle,
+    RunnerLoading,
+    RunnerReady,
+    RunnerRunning,
+    RunnerStopped,
+)
+from trexo.types.session import Session
+from trexo.types.shard import ShardSpec
+from trexo.types.state import Instance, NodeInfo, RunnerAssignment, RunnerRecord, State, Task
+
+N1, N2 = NodeId("n1"), NodeId("n2")
+I1 = InstanceId("i1")
+R1 = RunnerId("r1")
+T1 = RequestId("t1")
+MODEL = ModelRef("m", "demo:tiny", 1000)
+SESSION = Session(1, N1)
+
+
+def node(node_id: NodeId, available: int = 1000) -> NodeInfo:
+    return NodeInfo(node_id, f"host-{node_id}", memory_total=2000, memory_available=available)
+
+
+def instance(iid: InstanceId = I1, runner: RunnerId = R1, on: NodeId = N1) -> Instance:
+    return Instance(iid, MODEL, (RunnerAssignment(runner, on),))
+
+
+def task(tid: RequestId = T1, iid: InstanceId = I1) -> Task:
+    return Task(tid, iid, N2, GenerationRequest(tid, prompt="hi"))
+
+
+def base() -> State:
+    """One node, one instance with one runner, one task."""
+    return apply_all(
+        State(), [NodeUpdated(node(N1)), InstanceCreated(instance()), TaskCreated(task())]
+    )
+
+
+# --- one event at a time -------------------------------------------------------------------
+
+
+def test_node_updated_inserts_then_replaces() -> None:
+    state = apply(State(), NodeUpdated(node(N1, 10)))
+    assert state.nodes == {N1: node(N1, 10)}
+    state = apply(state, NodeUpdated(node(N1, 20)))
+    assert state.nodes == {N1: node(N1, 20)}
+
+
+def test_node_removed_leaves_instances_for_the_master() -> None:
+    state = apply(base(), NodeRemoved(N1))
+    assert state.nodes == {}
+    assert I1 in state.instances
+    assert R1 in state.runners
+    assert T1 in state.tasks
+
+
+def test_instance_created_adds_an_idle_runner_record_per_assignment() -> None:
+    two = Instance(
+        I1,
+        MODEL,
+        (
+            RunnerAssignment(R1, N1, ShardSpec(0, 2, rank=0, world_size=2)),
+            RunnerAssignment(RunnerId("r2"), N2, ShardSpec(2, 4, rank=1, world_size=2)),
+        ),
+    )
+    state = apply(State(), InstanceCreated(two))
+    assert state.instances == {I1: two}
+    assert state.runners == {
+        R1: RunnerRecord(R1, I1, N1, RunnerIdle()),
+        RunnerId("r2"): RunnerRecord(RunnerId("r2"), I1, N2, RunnerIdle()),
+    }
+
+
+def test_instance_created_twice_keeps_the_first() -> None:
+    state = apply(base(), RunnerStatusChanged(R1, I1, N1, RunnerReady()))
+    assert apply(state, InstanceCreated(instance())) == state
+
+
+def test_instance_deleted_removes_its_runners_and_tasks_only() -> None:
+    other = instance(InstanceId("i2"), RunnerId("r2"))
+    state = apply_all(
+        base(), [InstanceCreated(other), TaskCreated(task(RequestId("t2"), other.instance_id))]
+    )
+    state = apply(state, InstanceDeleted(I1))
+    assert set(state.instances) == {"i2"}
+    assert set(state.runners) == {"r2"}
+    assert set(state.tasks) == {"t2"}
+    assert state.nodes == {N1: node(N1)}
+
+
+def test_runner_status_changed_updates_the_record() -> None:
+    state = apply(base(), RunnerStatusChanged(R1, I1, N1, RunnerLoading(0.5)))
+    assert state.runners[R1] == RunnerRecord(R1, I1, N1, RunnerLoading(0.5))
+
+
+def test_runner_status_changed_creates_a_missing_record_of_a_known_instance() -> None:
+    state = apply(base(), RunnerStatusChanged(RunnerId("extra"), I1, N2, RunnerReady()))
+    assert state.runners[RunnerId("extra")] == RunnerRecord(
+        RunnerId("extra"), I1, N2, RunnerReady()
+    )
+
+
+def test_task_created_and_its_status_changes() -> None:
+    state = apply(base(), TaskStatusChanged(T1, "running"))
+    assert state.tasks[T1] == attrs.evolve(task(), status="running")
+
+
+def test_task_finished_removes_the_task() -> None:
+    state = apply(base(), TaskFinished(T1, "stop"))
+    assert state.tasks == {}
+    assert I1 in state.instances
+
+
+def test_indexed_event_sets_last_index() -> None:
+    assert State().last_index == -1
+    state = apply(State(), IndexedEvent(SESSION, 0, NodeUpdated(node(N1))))
+    assert state.last_index == 0
+    assert apply(state, NodeUpdated(node(N2))).last_index == 0  # a bare event keeps it
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        NodeRemoved(NodeId("ghost")),
+        InstanceDeleted(InstanceId("ghost")),
+        RunnerStatusChanged(RunnerId("r9"), InstanceId("ghost"), N1, RunnerReady()),
+        TaskCreated(task(RequestId("t9"), InstanceId("ghost"))),
+        TaskStatusChanged(RequestId("ghost"), "running"),
+        TaskFinished(RequestId("ghost"), "stop"),
+    ],
+)
+def test_unknown_ids_are_logged_no_ops(event: Event, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="trexo.state")
+    assert apply(base(), event) == base()
+    assert any("unknown" in r.getMessage() for r in caplog.records)
+
+
+def test_apply_never_mutates_its_input() -> None:
+    before = base()
+    snapshot = copy.deepcopy(before)
+    changes: list[Event] = [
+        NodeUpdated(node(N2)),
+        NodeRemoved(N1),
+        InstanceCreated(instance(InstanceId("i2"), RunnerId("r2"))),
+        RunnerStatusChanged(R1, I1, N1, RunnerReady()),
+        TaskCreated(task(RequestId("t2"))),
+        TaskStatusChanged(T1, "running"),
+        TaskFinished(T1, "stop"),
+        InstanceDeleted(I1),
+    ]
+    for event in changes:
+        apply(before, event)
+    assert before == snapshot
+
+
+# --- properties ----------------------------------------------------------------------------
+
+node_ids = st.sampled_from([NodeId("n1"), NodeId("n2"), NodeId("n3")])
+instance_ids = st.sampled_from([InstanceId(f"i{k}") for k in range(3)])
+task_ids = st.sampled_from([RequestId(f"t{k}") for k in range(4)])
+statuses = st.one_of(
+    st.just(RunnerIdle()),
+    st.builds(RunnerLoading, st.floats(0, 1)),
+    st.just(RunnerReady()),
+    st.builds(RunnerRunning, st.integers(1, 8)),
+    st.builds(RunnerFailed, st.text(max_size=10)),
+    st.builds(RunnerStopped, st.text(max_size=10)),
+)
+nodes = st.builds(
+    NodeInfo,
+    node_id=node_ids,
+    hostname=st.text(max_size=8),
+    memory_total=st.integers(0, 2**40),
+    memory_available=st.integers(0, 2**40),
+)
+
+
+def _runner_of(iid: InstanceId, k: int) -> RunnerId:
+    # Runner ids are unique per instance, as the master's random ids are.
+    return RunnerId(f"{iid}-r{k}")
+
+
+@st.composite
+def instances(draw: st.DrawFn) -> Instance:
+    iid = draw(instance_ids)
+    hosts = draw(st.lists(node_ids, min_size=1, max_size=3))
+    world = len(hosts)
+    assignments = tuple(
+        RunnerAssignment(_runner_of(iid, k), host, ShardSpec(rank=k, world_size=world))
+        for k, host in enumerate(hosts)
+    )
+    return Instance(iid, MODEL, assignments)
+
+
+@st.composite
+def runner_changes(draw: st.DrawFn) -> RunnerStatusChanged:
+    iid = draw(instance_ids)
+    return RunnerStatusChanged(
+        _runner_of(iid, draw(st.integers(0, 3))), iid, draw(node_ids), draw(statuses)
+    )
+
+
+tasks = st.builds(
+    lambda tid, iid, origin, status: Task(
+        tid, iid, origin, GenerationRequest(tid, prompt="p"), status
+    ),
+    task_ids,
+    instance_ids,
+    node_ids,
+    st.sampled_from(["pending", "running"]),
+)
+events: st.SearchStrategy[Event] = st.one_of(
+    st.builds(NodeUpdated, nodes),
+    st.builds(NodeRemoved, node_ids),
+    st.builds(InstanceCreated, instances()),
+    st.builds(InstanceDeleted, instance_ids),
+    runner_changes(),
+    st.builds(TaskCreated, tasks),
+    st.builds(TaskStatusChanged, task_ids, st.sampled_from(["pending", "running"])),
+    st.builds(TaskFinished, task_ids, st.sampled_from(["stop", "length", "cancelled", "error"])),
+)
+event_lists = st.lists(events, max_size=40)
+
+
+def _indexed(evs: list[Event]) -> list[IndexedEvent]:
+    return [IndexedEvent(SESSION, k, e) for k, e in enumerate(evs)]
+
+
+@given(event_lists)
+def test_any_event_sequence_applies_and_replays_to_the_same_state(evs: list[Event]) -> None:
+    indexed = _indexed(evs)
+    first = apply_all(State(), indexed)
+    assert apply_all(State(), indexed) == first
+    assert first.last_index == len(evs) - 1
+
+
+@given(event_lists)
+def test_state_invariants_hold(evs: list[Event]) -> None:
+    state = apply_all(State(), evs)
+    assert all(r.instance_id in state.instances for r in state.runners.values())
+    assert all(t.instance_id in state.instances for t in state.tasks.values())
+    for instance_ in state.instances.values():
+        assert all(a.runner_id in state.runners for a in instance_.assignments)
+
+
+@given(event_lists)
+def test_state_round_trips_through_the_wire(evs: list[Event]) -> None:
+    state = apply_all(State(), _indexed(evs))
+    assert wire.from_json(wire.to_json(state, State), State) == state
+
+
+@given(event_lists)
+def test_indexed_events_round_trip_through_the_wire(evs: list[Event]) -> None:
+    for event in _indexed(evs):
+        assert wire.from_json(wire.to_json(event, IndexedEvent), IndexedEvent) == event
+
+
+@given(event_lists)
+def test_rebuild_events_reproduce_the_state(evs: list[Event]) -> None:
+    state = apply_all(State(), _indexed(evs))
+    rebuilt = apply_all(State(), rebuild_events(state))
+    assert rebuilt == attrs.evolve(state, last_index=-1)
+
+
+@given(event_lists, events)
+def test_apply_leaves_earlier_states_alone(evs: list[Event], event: Event) -> None:
+    state = apply_all(State(), evs)
+    encoded = wire.to_json(state, State)
+    apply(state, event)
+    assert wire.to_json(state, State) == encoded
+
+
+@given(event_lists)
+def test_carry_over_keeps_nodes_and_placements_only(evs: list[Event]) -> None:
+    state = apply_all(State(), _indexed(evs))
+    kept = carry_over(state)
+    assert kept.nodes == state.nodes
+    assert kept.instances == state.instances
+    assert kept.tasks == {}
+    assert kept.last_index == -1
+    assert all(r.status == RunnerIdle() for r in kept.runners.values())
+    assert set(kept.runners) == {
+        a.runner_id for i in kept.instances.values() for a in i.assignments
+    }

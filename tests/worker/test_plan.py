@@ -1,0 +1,146 @@
+"""The worker's pure planner."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trexo.types.generation import GenerationRequest
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
+from trexo.types.models import ModelRef
+from trexo.types.shard import ShardSpec
+from trexo.types.state import Instance, RunnerAssignment, RunnerRecord, State, Task
+from trexo.worker.plan import (
+    CancelTask,
+    FailTask,
+    ForwardTask,
+    LocalWorld,
+    StartRunner,
+    StopRunner,
+    plan,
+)
+
+ME, OTHER = NodeId("me"), NodeId("other")
+MODEL = ModelRef("m", "demo:tiny", 1000)
+
+
+def instance(iid: str, node: NodeId, runner: str) -> Instance:
+    return Instance(InstanceId(iid), MODEL, (RunnerAssignment(RunnerId(runner), node),))
+
+
+def state_with(*instances: Instance, tasks: tuple[Task, ...] = ()) -> State:
+    return State(
+        instances={i.instance_id: i for i in instances},
+        runners={
+            a.runner_id: RunnerRecord(a.runner_id, i.instance_id, a.node_id)
+            for i in instances
+            for a in i.assignments
+        },
+        tasks={t.task_id: t for t in tasks},
+    )
+
+
+def task(tid: str, iid: str) -> Task:
+    return Task(
+        RequestId(tid), InstanceId(iid), OTHER, GenerationRequest(RequestId(tid), prompt="x")
+    )
+
+
+def test_starts_the_runners_assigned_here_only() -> None:
+    mine, theirs = instance("i1", ME, "r1"), instance("i2", OTHER, "r2")
+    actions = plan(state_with(mine, theirs), LocalWorld(ME))
+    assert actions == [StartRunner(mine, mine.assignments[0])]
+
+
+def test_a_started_runner_is_not_started_again() -> None:
+    mine = instance("i1", ME, "r1")
+    assert plan(state_with(mine), LocalWorld(ME, runners=frozenset({RunnerId("r1")}))) == []
+
+
+def test_gives_up_after_max_attempts_and_fails_its_tasks() -> None:
+    mine = instance("i1", ME, "r1")
+    t = task("t1", "i1")
+    local = LocalWorld(ME, attempts={InstanceId("i1"): 3})
+    actions = plan(state_with(mine, tasks=(t,)), local, max_attempts=3)
+    assert actions == [FailTask(t, "runner r1 failed 3 times")]
+
+
+def test_stops_runners_whose_instance_is_gone() -> None:
+    local = LocalWorld(ME, runners=frozenset({RunnerId("old")}))
+    assert plan(State(), local) == [StopRunner(RunnerId("old"))]
+
+
+def test_forwards_tasks_of_a_local_lead_runner_once() -> None:
+    mine = instance("i1", ME, "r1")
+    t = task("t1", "i1")
+    running = LocalWorld(ME, runners=frozenset({RunnerId("r1")}))
+    assert plan(state_with(mine, tasks=(t,)), running) == [ForwardTask(t, RunnerId("r1"))]
+    taken = LocalWorld(
+        ME,
+        runners=frozenset({RunnerId("r1")}),
+        taken=frozenset({t.task_id}),
+        inflight=frozenset({t.task_id}),
+    )
+    assert plan(state_with(mine, tasks=(t,)), taken) == []
+
+
+def test_tasks_of_other_nodes_instances_are_left_alone() -> None:
+    theirs = instance("i2", OTHER, "r2")
+    assert plan(state_with(theirs, tasks=(task("t", "i2"),)), LocalWorld(ME)) == []
+
+
+def test_the_lead_is_rank_zero() -> None:
+    split = Instance(
+        InstanceId("i"),
+        MODEL,
+        (
+            RunnerAssignment(RunnerId("r-rank1"), ME, ShardSpec(2, 4, rank=1, world_size=2)),
+            RunnerAssignment(RunnerId("r-rank0"), OTHER, ShardSpec(0, 2, rank=0, world_size=2)),
+        ),
+    )
+    local = LocalWorld(ME, runners=frozenset({RunnerId("r-rank1")}))
+    assert plan(state_with(split, tasks=(task("t", "i"),)), local) == []
+
+
+def test_a_task_that_left_the_state_while_in_flight_is_cancelled_once() -> None:
+    mine = instance("i1", ME, "r1")
+    tid = RequestId("t1")
+    local = LocalWorld(
+        ME, runners=frozenset({RunnerId("r1")}), taken=frozenset({tid}), inflight=frozenset({tid})
+    )
+    assert plan(state_with(mine), local) == [CancelTask(tid)]
+    local_after = LocalWorld(
+        ME,
+        runners=frozenset({RunnerId("r1")}),
+        taken=frozenset({tid}),
+        inflight=frozenset({tid}),
+        cancelling=frozenset({tid}),
+    )
+    assert plan(state_with(mine), local_after) == []
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([ME, OTHER]), st.booleans()), max_size=6),
+    st.lists(st.integers(0, 5), max_size=6),
+)
+def test_executing_the_plan_reaches_a_fixed_point(
+    specs: list[tuple[NodeId, bool]], task_on: list[int]
+) -> None:
+    instances = [instance(f"i{n}", node, f"r{n}") for n, (node, _) in enumerate(specs)]
+    tasks = tuple(task(f"t{k}", f"i{n}") for k, n in enumerate(task_on) if n < len(instances))
+    state = state_with(*instances, tasks=tasks)
+    local = LocalWorld(ME)
+    for _ in range(3):
+        actions = plan(state, local)
+        runners, taken, inflight = set(local.runners), set(local.taken), set(local.inflight)
+        for action in actions:
+            match action:
+                case StartRunner(assignment=a):
+                    runners.add(a.runner_id)
+                case ForwardTask(task=t):
+                    taken.add(t.task_id)
+                    inflight.add(t.task_id)
+        local = LocalWorld(ME, frozenset(runners), frozenset(taken), frozenset(inflight))
+    assert plan(state, local) == []
+    mine = {i.assignments[0].runner_id for i in instances if i.assignments[0].node_id == ME}
+    assert local.runners == mine

@@ -1,0 +1,213 @@
+"""The HTTP API: an OpenAI-compatible Quart-trio app over a `NodeHandle`.
+
+Every error, Quart's own (404, 405, 413, ...) included, is answered with an OpenAI-style
+JSON body (`trexo.api.errors`); no HTML error page is ever sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import (
+    HTTPException,
+    MethodNotAllowed,
+    RequestEntityTooLarge,
+    RequestTimeout,
+)
+
+from trexo.api.chat_request import parse_chat_request
+from trexo.api.completions import complete, open_stream
+from trexo.api.errors import ApiError, find_api_error, internal_error
+from trexo.api.exchange import ExchangeHTTPConnection
+from trexo.api.handle import ModelListing, NodeHandle
+from trexo.api.instance_request import parse_place_instance
+from trexo.api.sse import SSE_CONTENT_TYPE, SSE_HEADERS, dumps
+from trexo.config import ApiConfig
+from trexo.types.ids import InstanceId, RequestId
+from trexo.types.state import Instance, State
+from trexo.wire import converter
+
+logger = logging.getLogger(__name__)
+
+JSON_CONTENT_TYPE = "application/json"
+OWNED_BY = "trexo"
+
+
+def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
+    """The API app for `node`; serve it with `trexo.api.server.ApiServer`."""
+    app = QuartTrio("trexo.api")
+    # Each exchange's nursery is handed to its view: streams run their generation in it.
+    app.asgi_http_class = ExchangeHTTPConnection
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # Quart's 60 s default would cut long generations
+        BODY_TIMEOUT=config.body_timeout,
+        MAX_CONTENT_LENGTH=config.max_body_bytes,
+        PROPAGATE_EXCEPTIONS=False,  # never a traceback page, even in debug mode
+    )
+    created = int(time.time())  # the `created` of every model: when this API came up
+
+    def json_response(
+        body: Any, status: int = 200, headers: Mapping[str, str] | None = None
+    ) -> Response:
+        return app.response_class(
+            dumps(body),
+            status=status,
+            headers=dict(headers or {}),
+            content_type=JSON_CONTENT_TYPE,
+        )
+
+    def error_response(error: ApiError) -> Response:
+        return json_response(error.body(), error.status, error.headers())
+
+    @app.before_request
+    async def read_body() -> None:
+        # Hypercorn wedges a kept-alive connection whose response went out before all of
+        # its request body was read, so every body is read (within MAX_CONTENT_LENGTH and
+        # BODY_TIMEOUT) before any answer, a 404 included; views then get it from the cache.
+        await request.get_data(cache=True, as_text=False, parse_form_data=False)
+
+    @app.errorhandler(Exception)
+    async def on_error(error: Exception) -> Response:
+        if isinstance(error, HTTPException):
+            response = error_response(http_error_to_api(error, config))
+            if isinstance(error, MethodNotAllowed) and error.valid_methods:
+                response.headers["Allow"] = ", ".join(error.valid_methods)
+            if isinstance(error, RequestEntityTooLarge | RequestTimeout):
+                # The rest of the body is still on its way and will not be read, so the
+                # connection cannot carry another request (see `read_body`).
+                response.headers["Connection"] = "close"
+            return response
+        api_error = find_api_error(error)
+        if api_error is None:
+            logger.error("%s %s failed", request.method, request.path, exc_info=error)
+            api_error = internal_error()
+        return error_response(api_error)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions() -> Response:
+        chat = parse_chat_request(await read_json())
+        now = int(time.time())
+        if chat.stream:
+            body = await open_stream(
+                node, chat, created=now, keepalive_interval=config.keepalive_interval
+            )
+            return sse_response(app, body)
+        return json_response(await complete(node, chat, created=now))
+
+    @app.get("/v1/models")
+    async def list_models() -> Response:
+        data = [model_object(listing, created) for listing in node.models()]
+        return json_response({"object": "list", "data": data})
+
+    @app.get("/v1/models/<path:model_id>")
+    async def get_model(model_id: str) -> Response:
+        for listing in node.models():
+            if listing.model.model_id == model_id:
+                return json_response(model_object(listing, created))
+        raise ApiError(
+            404,
+            f"The model '{model_id}' does not exist.",
+            param="model",
+            code="model_not_found",
+        )
+
+    @app.get("/state")
+    async def get_state() -> Response:
+        return json_response(converter.unstructure(node.current_state(), State))
+
+    @app.get("/health")
+    async def get_health() -> Response:
+        return json_response(node.health())
+
+    @app.get("/instances")
+    async def list_instances() -> Response:
+        instances = node.current_state().instances.values()
+        data = [converter.unstructure(instance, Instance) for instance in instances]
+        return json_response({"object": "list", "data": data})
+
+    @app.post("/instances")
+    async def place_instance() -> Response:
+        place = parse_place_instance(await read_json())
+        instance_id = await node.place_instance(place.model_id, place.node_id)
+        return json_response({"instance_id": instance_id}, 201)
+
+    @app.delete("/instances/<instance_id>")
+    async def delete_instance(instance_id: str) -> Response:
+        await node.delete_instance(InstanceId(instance_id))
+        return json_response({"instance_id": instance_id, "deleted": True})
+
+    @app.post("/v1/cancel/<request_id>")
+    async def cancel(request_id: str) -> Response:
+        if not await node.cancel(RequestId(request_id)):
+            raise ApiError(
+                404,
+                f"No generation with id '{request_id}' is in flight.",
+                param="request_id",
+                code="request_not_found",
+            )
+        return json_response({"request_id": request_id, "cancelled": True})
+
+    return app
+
+
+async def read_json() -> Any:
+    """The request body as JSON; a 400 if it is not JSON (NaN and Infinity are not)."""
+    data = await request.get_data(cache=True, as_text=False, parse_form_data=False)
+    try:
+        return json.loads(data, parse_constant=_refuse_constant)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ApiError(
+            400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        ) from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def sse_response(app: QuartTrio, body: AsyncIterator[bytes]) -> Response:
+    return app.response_class(body, status=200, headers=SSE_HEADERS, content_type=SSE_CONTENT_TYPE)
+
+
+def model_object(listing: ModelListing, created: int) -> dict[str, Any]:
+    """A `/v1/models` entry; `loaded` (at least one instance placed) is trexo's extension."""
+    return {
+        "id": listing.model.model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": OWNED_BY,
+        "loaded": listing.loaded,
+    }
+
+
+def http_error_to_api(error: HTTPException, config: ApiConfig) -> ApiError:
+    """Quart's and werkzeug's HTTP errors (unknown URL, wrong method, ...) as OpenAI's."""
+    status = error.code or 500
+    match status:
+        case 404:
+            message = f"Invalid URL ({request.method} {request.path})"
+            code = "unknown_url"
+        case 405:
+            message = f"Method {request.method} is not allowed for {request.path}"
+            code = "method_not_allowed"
+        case 413:
+            message = f"The request body is larger than the limit of {config.max_body_bytes} bytes"
+            code = "request_too_large"
+        case 408:
+            message = f"The request body did not arrive within {config.body_timeout:g} s"
+            code = "request_timeout"
+        case _:
+            message = error.description or error.name
+            code = error.name.lower().replace(" ", "_")
+    return ApiError(
+        status,
+        message,
+        type="server_error" if status >= 500 else "invalid_request_error",
+        code=code,
+    )

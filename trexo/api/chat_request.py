@@ -1,0 +1,289 @@
+"""Parse and validate an OpenAI Chat Completions request body. Pure: no I/O.
+
+`parse_chat_request` takes the decoded JSON body and returns a `ChatRequest`, or raises a
+400 `ApiError` naming the offending parameter, worded and coded as OpenAI's API words them.
+
+Choices where OpenAI's API and trexo differ:
+- An absent sampling field takes `SamplingParams`' default: `temperature` 0 (greedy) and
+  `max_tokens` `DEFAULT_MAX_TOKENS`, as mlx-lm's server does, not OpenAI's 1.0 / unbounded.
+- A `null` value means the field is absent, as in OpenAI's API.
+- Unknown top-level fields are refused (OpenAI does the same), so a typo is not silently
+  ignored. Fields inside messages are lenient, so replayed assistant messages
+  (`refusal`, `annotations`, ...) are accepted.
+- `developer` messages are passed to the chat template as `system`: mlx-lm chat templates
+  know `system`, and OpenAI treats `developer` as its successor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, TypeVar
+
+import attrs
+
+from trexo.api.errors import ApiError
+from trexo.api.validation import (
+    invalid_type,
+    invalid_value,
+    present,
+    read_bool,
+    read_int,
+    read_number,
+    read_str,
+    require_object,
+    required,
+    required_str,
+    same_json,
+    unknown,
+    unsupported,
+)
+from trexo.types.generation import ChatMessage, GenerationRequest, SamplingParams
+from trexo.types.ids import RequestId, new_id
+
+COMPLETION_ID_PREFIX = "chatcmpl-"
+MAX_STOP_SEQUENCES = 4
+"""OpenAI's limit on `stop`."""
+MAX_SEED = 2**64 - 1
+"""MLX seeds are unsigned 64-bit."""
+MESSAGE_ROLES: Final = frozenset({"system", "user", "assistant", "tool", "developer"})
+ROLE_ALIASES: Final = {"developer": "system"}
+
+SUPPORTED_FIELDS: Final = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "repetition_penalty",
+        "n",
+        "frequency_penalty",
+        "presence_penalty",
+        "user",
+    }
+)
+UNSUPPORTED_FIELDS: Final[Mapping[str, tuple[object, ...]]] = {
+    # field -> the values (besides null) that ask for nothing, so they are accepted
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "parallel_tool_calls": (True, False),
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+    "web_search_options": (),
+    "reasoning_effort": (),
+    "store": (False,),
+    "metadata": ({},),
+    "service_tier": ("auto", "default"),
+}
+STREAM_OPTIONS_FIELDS: Final = frozenset({"include_usage", "include_obfuscation"})
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class ChatRequest:
+    """A validated Chat Completions request."""
+
+    model_id: str
+    generation: GenerationRequest
+    stream: bool = False
+    include_usage: bool = False
+    """Streaming only: end the stream with a chunk carrying `usage` (`stream_options`)."""
+
+    @property
+    def request_id(self) -> RequestId:
+        return self.generation.request_id
+
+
+def new_completion_id() -> RequestId:
+    """An id like OpenAI's (`chatcmpl-<hex>`); it is also the generation's request id."""
+    return RequestId(COMPLETION_ID_PREFIX + new_id())
+
+
+def parse_chat_request(body: Any, request_id: RequestId | None = None) -> ChatRequest:
+    """Validate a decoded JSON body; raise `ApiError` (400) on the first problem found.
+
+    `request_id` defaults to a fresh `new_completion_id()`.
+    """
+    fields = present(require_object(body))
+    _refuse_unknown_and_unsupported(fields)
+
+    model = required_str(fields, "model")
+    if not model:
+        raise invalid_value("model", "expected a non-empty string")
+    messages = _parse_messages(required(fields, "messages"))
+
+    _check_n(fields)
+    for penalty in ("frequency_penalty", "presence_penalty"):
+        value = read_number(fields, penalty, low=-2.0, high=2.0)
+        if value:
+            raise unsupported(penalty, "use repetition_penalty instead")
+    read_str(fields, "user")  # accepted and ignored, but it must be a string
+
+    stream = read_bool(fields, "stream") or False
+    include_usage = _parse_stream_options(fields, stream=stream)
+    return ChatRequest(
+        model_id=model,
+        generation=GenerationRequest(
+            request_id=request_id or new_completion_id(),
+            messages=messages,
+            params=_parse_sampling(fields),
+        ),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _refuse_unknown_and_unsupported(fields: Mapping[str, Any]) -> None:
+    for name, value in fields.items():
+        if name in SUPPORTED_FIELDS:
+            continue
+        if name not in UNSUPPORTED_FIELDS:
+            raise unknown(name)
+        if not any(same_json(value, neutral) for neutral in UNSUPPORTED_FIELDS[name]):
+            raise unsupported(name)
+
+
+def _parse_messages(raw: Any) -> tuple[ChatMessage, ...]:
+    if not isinstance(raw, list):
+        raise invalid_type("messages", "an array", raw)
+    if not raw:
+        raise ApiError(
+            400,
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, "
+            "but got an empty array instead.",
+            param="messages",
+            code="empty_array",
+        )
+    return tuple(_parse_message(item, f"messages[{i}]") for i, item in enumerate(raw))
+
+
+def _parse_message(raw: Any, where: str) -> ChatMessage:
+    message = present(require_object(raw, where))
+    role = required_str(message, "role", where=f"{where}.role")
+    if role not in MESSAGE_ROLES:
+        raise invalid_value(
+            f"{where}.role",
+            f"expected one of {', '.join(sorted(MESSAGE_ROLES))}, but got {role!r} instead",
+        )
+    if message.get("tool_calls"):
+        raise unsupported(f"{where}.tool_calls")
+    read_str(message, "name", where=f"{where}.name")
+    if role == "assistant" and "content" not in message:
+        text = ""  # an assistant turn that only made tool calls has null content
+    else:
+        text = _message_text(required(message, "content", where=f"{where}.content"), where)
+    return ChatMessage(role=ROLE_ALIASES.get(role, role), content=text)
+
+
+def _message_text(content: Any, where: str) -> str:
+    """A message's text: a string, or the concatenation of its text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid_type(f"{where}.content", "a string or an array of content parts", content)
+    texts = []
+    for i, raw in enumerate(content):
+        at = f"{where}.content[{i}]"
+        part = present(require_object(raw, at))
+        kind = required_str(part, "type", where=f"{at}.type")
+        if kind != "text":
+            raise ApiError(
+                400,
+                f"Unsupported content part type {kind!r} in '{at}': only 'text' is supported.",
+                param=f"{at}.type",
+                code="unsupported_value",
+            )
+        texts.append(required_str(part, "text", where=f"{at}.text"))
+    return "".join(texts)
+
+
+def _check_n(fields: Mapping[str, Any]) -> None:
+    n = read_int(fields, "n", low=1)
+    if n is not None and n != 1:
+        raise ApiError(
+            400,
+            "Only n=1 is supported: one choice per request.",
+            param="n",
+            code="unsupported_value",
+        )
+
+
+def _parse_stream_options(fields: Mapping[str, Any], *, stream: bool) -> bool:
+    """`stream_options.include_usage`; the options are only allowed with `stream`."""
+    raw = fields.get("stream_options")
+    if raw is None:
+        return False
+    if not stream:
+        raise invalid_value("stream_options", "only allowed when 'stream' is enabled")
+    if not isinstance(raw, dict):
+        raise invalid_type("stream_options", "an object", raw)
+    for name in raw:
+        if name not in STREAM_OPTIONS_FIELDS:
+            raise unknown(f"stream_options.{name}")
+    options = present(raw)
+    read_bool(options, "include_obfuscation", where="stream_options.include_obfuscation")
+    return read_bool(options, "include_usage", where="stream_options.include_usage") or False
+
+
+def _parse_sampling(fields: Mapping[str, Any]) -> SamplingParams:
+    defaults = SamplingParams()
+    max_tokens = read_int(fields, "max_tokens", low=1)
+    max_completion_tokens = read_int(fields, "max_completion_tokens", low=1)
+    if None not in (max_tokens, max_completion_tokens) and max_tokens != max_completion_tokens:
+        raise invalid_value(
+            "max_completion_tokens", "it disagrees with max_tokens; give only one of them"
+        )
+    return SamplingParams(
+        max_tokens=_first(max_completion_tokens, max_tokens, defaults.max_tokens),
+        temperature=_first(
+            read_number(fields, "temperature", low=0.0, high=2.0), defaults.temperature
+        ),
+        top_p=_first(read_number(fields, "top_p", low=0.0, high=1.0), defaults.top_p),
+        top_k=_first(read_int(fields, "top_k", low=0), defaults.top_k),
+        min_p=_first(read_number(fields, "min_p", low=0.0, high=1.0), defaults.min_p),
+        seed=read_int(fields, "seed", low=0, high=MAX_SEED),
+        repetition_penalty=read_number(fields, "repetition_penalty", low=0.0, low_open=True),
+        stop=_parse_stop(fields.get("stop")),
+    )
+
+
+def _parse_stop(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    stops = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stops, list):
+        raise invalid_type("stop", "a string or an array of strings", raw)
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise invalid_value(
+            "stop", f"expected at most {MAX_STOP_SEQUENCES} sequences, but got {len(stops)}"
+        )
+    for i, stop in enumerate(stops):
+        where = "stop" if isinstance(raw, str) else f"stop[{i}]"
+        if not isinstance(stop, str):
+            raise invalid_type(where, "a string", stop)
+        if not stop:
+            raise invalid_value(where, "a stop sequence must not be empty")
+    return tuple(stops)
+
+
+def _first(*values: T | None) -> T:
+    """The first value that is not None (the last one is a default, never None)."""
+    for value in values:
+        if value is not None:
+            return value
+    raise AssertionError("no default given")

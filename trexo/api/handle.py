@@ -1,0 +1,66 @@
+"""What the API needs of the node: the one seam between HTTP and the cluster.
+
+The node implements it (`trexo.node`); API tests may use a small fake. Every method that
+talks to the cluster is bounded and raises a `trexo.errors.ClusterError` subclass the API
+maps to an HTTP status: `NoSession` -> 503 with Retry-After, `ModelNotFound` /
+`InstanceNotFound` -> 404, `PlacementRefused` / `CommandRefused` -> 400,
+`GenerationFailed` -> an error event in a stream (500 before the first byte).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+import attrs
+
+from trexo.types.chunks import Chunk
+from trexo.types.generation import GenerationRequest
+from trexo.types.ids import InstanceId, NodeId, RequestId
+from trexo.types.models import ModelRef
+from trexo.types.state import State
+
+
+@attrs.frozen
+class ModelListing:
+    """A model the cluster knows: `/v1/models` lists these."""
+
+    model: ModelRef
+    loaded: bool
+    """True when at least one instance of it is placed."""
+
+
+class NodeHandle(Protocol):
+    node_id: NodeId
+
+    def current_state(self) -> State:
+        """The last state this node has applied (served during elections too)."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """A small JSON-able summary: node id, session (or None), ready runners."""
+        ...
+
+    def models(self) -> list[ModelListing]:
+        """Models that can be placed, and whether each is placed now."""
+        ...
+
+    async def place_instance(self, model_id: str, node_id: NodeId | None = None) -> InstanceId:
+        """Place a model by id; returns at once with the new instance's id (it then loads)."""
+        ...
+
+    async def delete_instance(self, instance_id: InstanceId) -> None: ...
+
+    def open_generation(
+        self, model_id: str, request: GenerationRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
+        """Submit a generation and stream its chunks; leaving the block early cancels it.
+
+        Raises `NoSession`, `ModelNotFound` on entry; the iterator raises `GenerationFailed`.
+        """
+        ...
+
+    async def cancel(self, request_id: RequestId) -> bool:
+        """Cancel a running generation; False if no such generation is in flight."""
+        ...

@@ -1,0 +1,203 @@
+"""The `trexo` command line: `trexo run` starts a node; `trexo demo-model` builds a demo model."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from trexo import __version__
+from trexo.types.ids import InstanceId
+from trexo.types.models import ModelRef
+
+log = logging.getLogger("trexo")
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+EXIT_FORCED = 130
+"""A second Ctrl-C: leave at once (runners see EOF on their sockets and exit by themselves)."""
+DEMO_PROMPT = "Hello! What can you do?"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trexo.config import API_PORT, DEFAULT_API_HOST
+    from trexo.engine.demo_model import DEFAULT_DEMO_SIZE, DEMO_MODEL_NAMES
+
+    parser = argparse.ArgumentParser(
+        prog="trexo",
+        description="Run large language models across a cluster of ordinary machines.",
+    )
+    parser.add_argument("--version", action="version", version=f"trexo {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="start a node and serve the OpenAI-compatible API",
+        description=(
+            "Start a node: elect a master, place the model, serve the OpenAI-compatible API. "
+            "With no model option it builds (once) and places the built-in demo model."
+        ),
+    )
+    model = run.add_mutually_exclusive_group()
+    model.add_argument(
+        "--model", type=Path, metavar="PATH", help="a local mlx-lm model directory to place"
+    )
+    model.add_argument(
+        "--demo-size",
+        choices=DEMO_MODEL_NAMES,
+        default=DEFAULT_DEMO_SIZE,
+        help="which built-in demo model to place (default: %(default)s)",
+    )
+    model.add_argument("--no-model", action="store_true", help="place nothing; serve the API only")
+    run.add_argument(
+        "--api-host",
+        default=DEFAULT_API_HOST,
+        help="API bind address (default: %(default)s; 0.0.0.0 exposes it to the LAN)",
+    )
+    run.add_argument(
+        "--api-port",
+        type=int,
+        default=API_PORT,
+        help="API port (default: %(default)s; 0 picks a free one)",
+    )
+    _add_common(run)
+
+    demo = commands.add_parser(
+        "demo-model",
+        help="build the deterministic demo model and print its directory",
+        description="Build (once) a deterministic demo model; the same seed gives identical bytes.",
+    )
+    demo.add_argument("--size", choices=DEMO_MODEL_NAMES, default=DEFAULT_DEMO_SIZE)
+    demo.add_argument("--seed", type=int, default=0)
+    _add_common(demo)
+    return parser
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="models, logs and node id (default: $TREXO_HOME or ~/.local/share/trexo)",
+    )
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args)
+    if args.command == "demo-model":
+        return demo_model_command(args)
+    return run_command(args)
+
+
+def _paths(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from trexo.config import Paths
+
+    return Paths(args.data_dir) if args.data_dir else Paths()
+
+
+def demo_model_command(args: argparse.Namespace) -> int:
+    from trexo.engine.demo_model import ensure_demo_model
+
+    print(ensure_demo_model(_paths(args).models_dir, args.size, args.seed))
+    return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from trexo import catalog
+    from trexo.config import ApiConfig
+    from trexo.errors import ModelNotFound
+    from trexo.node import NodeConfig
+
+    extra = []
+    default = None
+    try:
+        if args.model is not None:
+            default = catalog.local_model_ref(args.model)
+            extra.append(default)
+        elif not args.no_model:
+            default = catalog.demo_model_ref(args.demo_size)
+    except ModelNotFound as exc:
+        print(f"trexo: {exc}", file=sys.stderr)
+        return 2
+    config = NodeConfig(
+        paths=_paths(args),
+        api=ApiConfig(host=args.api_host, port=args.api_port),
+        default_model=default,
+        extra_models=tuple(extra),
+    )
+    return trio.run(functools.partial(run_node_until_signalled, config))
+
+
+async def run_node_until_signalled(config: object) -> int:
+    """Run the node until SIGINT/SIGTERM; a second signal forces exit."""
+    from trexo.node import Node, NodeConfig
+
+    assert isinstance(config, NodeConfig)
+    node = Node(config, on_model_ready=_print_ready)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            node_scope = trio.CancelScope()
+
+            async def stop_on_signals() -> None:
+                async for signum in signals:
+                    if node_scope.cancel_called:
+                        print("trexo: forced exit", file=sys.stderr, flush=True)
+                        os._exit(EXIT_FORCED)
+                    log.info("%s: shutting down (again to force)", signal.Signals(signum).name)
+                    node_scope.cancel()
+
+            nursery.start_soon(stop_on_signals)
+            with node_scope:
+                started = await nursery.start(node.run)
+                if config.default_model is None:
+                    print(f"trexo is ready: API on {started.api_url} (no model placed)", flush=True)
+                await trio.sleep_forever()
+            nursery.cancel_scope.cancel()
+    log.info("node stopped")
+    return 0
+
+
+def ready_message(api_url: str, model_id: str) -> str:
+    """The ready line, with a curl command that works as printed."""
+    body = {
+        "model": model_id,
+        "messages": [{"role": "user", "content": DEMO_PROMPT}],
+        "stream": True,
+    }
+    curl = shlex.join(
+        [
+            "curl",
+            "-N",
+            f"{api_url}/v1/chat/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            json.dumps(body),
+        ]
+    )
+    return f"trexo is ready: model {model_id} is served on {api_url}\n  try: {curl}"
+
+
+def _print_ready(model: ModelRef, instance_id: InstanceId, api_url: str) -> None:
+    del instance_id
+    print(ready_message(api_url, model.model_id), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

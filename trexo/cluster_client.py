@@ -1,0 +1,249 @@
+"""The node's side of `NodeHandle`: API calls become commands to the master and streams.
+
+Node-lifetime, like the API. Every wait on the cluster is bounded: no session within
+`command_wait` -> `NoSession` (HTTP 503, Retry-After); a master that does not reply in time
+-> `NoSession` too (it is probably being replaced).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import trio
+
+from trexo.api.handle import ModelListing
+from trexo.config import CANCEL_SEND_TIMEOUT_S, COMMAND_WAIT_S, GENERATION_IDLE_TIMEOUT_S
+from trexo.errors import (
+    ClusterError,
+    CommandRefused,
+    GenerationFailed,
+    InstanceNotFound,
+    ModelNotFound,
+    NoSession,
+    PlacementRefused,
+)
+from trexo.net.router import PeerUnreachable, Router
+from trexo.net.stream_hub import StreamEvent, StreamHub
+from trexo.net.topics import Topic
+from trexo.types.chunks import Chunk
+from trexo.types.commands import (
+    CancelTask,
+    Command,
+    DeleteInstance,
+    PlaceInstance,
+    SubmitTask,
+)
+from trexo.types.generation import GenerationRequest
+from trexo.types.ids import InstanceId, NodeId, RequestId, new_id
+from trexo.types.models import ModelRef
+from trexo.types.runner_status import RunnerReady, RunnerRunning
+from trexo.types.session import Session
+from trexo.types.state import State
+from trexo.types.stream import CommandReply, StreamFailed
+from trexo.worker.state_view import StateView
+
+log = logging.getLogger(__name__)
+
+_REFUSALS: dict[str | None, type[ClusterError]] = {
+    "not_found": ModelNotFound,
+    "instance_not_found": InstanceNotFound,
+    "insufficient_memory": PlacementRefused,
+    "invalid": CommandRefused,
+}
+
+
+class SessionTracker:
+    """The current session and this node's view of it, with a change event for each."""
+
+    def __init__(self) -> None:
+        self.session: Session | None = None
+        self.view: StateView | None = None
+        self.last_state = State()
+        self._changed = trio.Event()
+
+    def set_session(self, session: Session | None, view: StateView | None) -> None:
+        if self.view is not None:
+            self.last_state = self.view.state
+        self.session = session
+        self.view = view
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def state(self) -> State:
+        return self.view.state if self.view is not None else self.last_state
+
+    async def wait_change(self) -> None:
+        """Until the session changes (a new one, or none)."""
+        await self._changed.wait()
+
+    async def wait_session(self, bound: float) -> Session:
+        with trio.move_on_after(bound):
+            while self.session is None or self.view is None:
+                await self._changed.wait()
+            return self.session
+        raise NoSession(f"no master elected within {bound:.0f} s; retry shortly")
+
+    async def wait_state_change(self) -> None:
+        """Until the state or the session changes."""
+        view, session_changed = self.view, self._changed
+        if view is None:
+            await session_changed.wait()
+            return
+        async with trio.open_nursery() as nursery:
+
+            async def first(wait: Callable[[], Awaitable[object]]) -> None:
+                await wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(first, lambda: view.wait_state_change(view.state.last_index))
+            nursery.start_soon(first, session_changed.wait)
+
+
+class ChatStream:
+    """A generation's chunks as they arrive; ends after the final chunk."""
+
+    def __init__(self, events: trio.MemoryReceiveChannel[StreamEvent], idle_timeout: float) -> None:
+        self._events = events
+        self._idle_timeout = idle_timeout
+        self.finished = False
+
+    def __aiter__(self) -> ChatStream:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self.finished:
+            raise StopAsyncIteration
+        with trio.move_on_after(self._idle_timeout):
+            event = await self._events.receive()
+            if isinstance(event, StreamFailed):
+                self.finished = True
+                raise GenerationFailed(event.message)
+            if event.chunk.finish_reason is not None:
+                self.finished = True
+            return event.chunk
+        self.finished = True
+        raise GenerationFailed(f"no output for {self._idle_timeout:.0f} s")
+
+
+class ClusterClient:
+    """Implements `trexo.api.handle.NodeHandle` for a node."""
+
+    def __init__(
+        self,
+        router: Router,
+        hub: StreamHub,
+        sessions: SessionTracker,
+        catalog: Callable[[], list[ModelRef]],
+        *,
+        command_wait: float = COMMAND_WAIT_S,
+        idle_timeout: float = GENERATION_IDLE_TIMEOUT_S,
+    ) -> None:
+        self._router = router
+        self._hub = hub
+        self._sessions = sessions
+        self._catalog = catalog
+        self._command_wait = command_wait
+        self._idle_timeout = idle_timeout
+        self.node_id: NodeId = router.node_id
+
+    # --- reads (answered from the last state, also during elections) -----------------------
+
+    def current_state(self) -> State:
+        return self._sessions.state()
+
+    def health(self) -> dict[str, Any]:
+        session = self._sessions.session
+        state = self.current_state()
+        ready = [
+            r.runner_id
+            for r in state.runners.values()
+            if isinstance(r.status, RunnerReady | RunnerRunning)
+        ]
+        return {
+            "status": "ok" if session is not None else "electing",
+            "node_id": self.node_id,
+            "session": None
+            if session is None
+            else {"clock": session.clock, "master_id": session.master_id},
+            "is_master": session is not None and session.master_id == self.node_id,
+            "nodes": len(state.nodes),
+            "instances": len(state.instances),
+            "ready_runners": len(ready),
+        }
+
+    def models(self) -> list[ModelListing]:
+        placed = {i.model.model_id for i in self.current_state().instances.values()}
+        known = {m.model_id: m for m in self._catalog()}
+        for instance in self.current_state().instances.values():
+            known.setdefault(instance.model.model_id, instance.model)
+        return [ModelListing(m, m.model_id in placed) for m in known.values()]
+
+    def find_model(self, model_id: str) -> ModelRef:
+        for listing in self.models():
+            if listing.model.model_id == model_id:
+                return listing.model
+        raise ModelNotFound(f"model {model_id!r} is not known to this cluster")
+
+    # --- commands -------------------------------------------------------------------------
+
+    async def command(self, command: Command) -> CommandReply:
+        """Send `command` to the master and wait (bounded) for its reply; raise if refused."""
+        session = await self._sessions.wait_session(self._command_wait)
+        with self._hub.expect_reply(command.command_id) as replies:
+            try:
+                await self._router.send(session.master_id, Topic.COMMANDS, command)
+            except PeerUnreachable:
+                raise NoSession("the master is unreachable; retry shortly") from None
+            with trio.move_on_after(self._command_wait):
+                reply = await replies.receive()
+                if reply.error is not None:
+                    raise _REFUSALS.get(reply.error_kind, CommandRefused)(reply.error)
+                return reply
+        raise NoSession(f"the master did not answer within {self._command_wait:.0f} s")
+
+    async def place_instance(
+        self, model_id: str, node_id: NodeId | None = None, *, only_if_absent: bool = False
+    ) -> InstanceId:
+        model = self.find_model(model_id)
+        reply = await self.command(PlaceInstance(new_id(), model, node_id, only_if_absent))
+        assert reply.result_id is not None
+        return InstanceId(reply.result_id)
+
+    async def delete_instance(self, instance_id: InstanceId) -> None:
+        try:
+            await self.command(DeleteInstance(new_id(), instance_id))
+        except ModelNotFound as exc:
+            raise InstanceNotFound(str(exc)) from None
+
+    async def cancel(self, request_id: RequestId) -> bool:
+        try:
+            await self.command(CancelTask(new_id(), request_id))
+        except ModelNotFound:
+            return False
+        return True
+
+    @asynccontextmanager
+    async def open_generation(
+        self, model_id: str, request: GenerationRequest
+    ) -> AsyncIterator[AsyncIterator[Chunk]]:
+        with self._hub.expect_stream(request.request_id) as events:
+            await self.command(SubmitTask(new_id(), model_id, self.node_id, request))
+            stream = ChatStream(events, self._idle_timeout)
+            try:
+                yield stream
+            finally:
+                if not stream.finished:
+                    with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
+                        await self._cancel_quietly(request.request_id)
+
+    async def _cancel_quietly(self, request_id: RequestId) -> None:
+        session = self._sessions.session
+        if session is None:
+            return
+        with suppress(PeerUnreachable):
+            await self._router.send(
+                session.master_id, Topic.COMMANDS, CancelTask(new_id(), request_id)
+            )

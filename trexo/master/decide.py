@@ -1,0 +1,161 @@
+"""What the master makes of a command or a local event, given its state. Pure functions.
+
+`decide_command` validates a state-changing command and answers `Accepted` (the events to
+emit, and the id to report back) or `Refused` (why, and a machine-readable kind).
+`decide_local_event` turns a worker's fact into the global event that records it, or into
+nothing when it names something unknown or changes nothing (a periodic report that repeats
+the state would only bloat the log).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Literal
+
+import attrs
+
+from trexo.config import PLACEMENT_MEMORY_OVERHEAD
+from trexo.errors import PlacementRefused
+from trexo.master.placement import place
+from trexo.types.commands import CancelTask, DeleteInstance, PlaceInstance, SubmitTask
+from trexo.types.events import (
+    Event,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeUpdated,
+    RunnerStatusChanged,
+    TaskCreated,
+    TaskFinished,
+    TaskStatusChanged,
+)
+from trexo.types.ids import InstanceId, RunnerId
+from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
+from trexo.types.runner_status import TERMINAL_STATUSES, RunnerReady, RunnerRunning
+from trexo.types.state import Instance, State, Task
+
+log = logging.getLogger(__name__)
+
+ErrorKind = Literal["not_found", "insufficient_memory", "invalid"]
+StateCommand = PlaceInstance | DeleteInstance | SubmitTask | CancelTask
+"""The commands that change state (`RequestReplay` only reads the log)."""
+
+
+@attrs.frozen
+class Accepted:
+    events: tuple[Event, ...]
+    result_id: str | None = None
+    """What the command made or touched (an instance id, a task id), for the reply."""
+
+
+@attrs.frozen
+class Refused:
+    error: str
+    kind: ErrorKind
+
+
+Decision = Accepted | Refused
+
+
+def decide_command(
+    state: State,
+    command: StateCommand,
+    *,
+    new_id: Callable[[], str],
+    overhead: float = PLACEMENT_MEMORY_OVERHEAD,
+) -> Decision:
+    """Validate `command` against `state`; `new_id` names what the command creates."""
+    match command:
+        case PlaceInstance(_, model, node_id, only_if_absent):
+            if only_if_absent and (existing := choose_instance(state, model.model_id)):
+                return Accepted((), existing.instance_id)
+            if not model.model_id or model.size_bytes < 0:
+                return Refused(
+                    f"invalid model {model.model_id!r} ({model.size_bytes} B)", "invalid"
+                )
+            if node_id is not None and node_id not in state.nodes:
+                return Refused(f"node {node_id} is not in the cluster", "not_found")
+            try:
+                instance = place(
+                    state,
+                    model,
+                    node_id,
+                    InstanceId(new_id()),
+                    RunnerId(new_id()),
+                    overhead=overhead,
+                )
+            except PlacementRefused as exc:
+                return Refused(str(exc), "insufficient_memory")
+            return Accepted((InstanceCreated(instance),), instance.instance_id)
+        case DeleteInstance(_, instance_id):
+            if instance_id not in state.instances:
+                return Refused(f"no instance {instance_id}", "not_found")
+            return Accepted((InstanceDeleted(instance_id),), instance_id)
+        case SubmitTask(_, model_id, origin_node, request):
+            if request.request_id in state.tasks:
+                return Refused(f"task {request.request_id} already exists", "invalid")
+            chosen = choose_instance(state, model_id)
+            if chosen is None:
+                return Refused(f"model {model_id} is not placed in the cluster", "not_found")
+            task = Task(request.request_id, chosen.instance_id, origin_node, request)
+            return Accepted((TaskCreated(task),), task.task_id)
+        case CancelTask(_, task_id):
+            if task_id not in state.tasks:
+                return Refused(f"no task {task_id}", "not_found")
+            return Accepted((TaskFinished(task_id, "cancelled"),), task_id)
+
+
+def choose_instance(state: State, model_id: str) -> Instance | None:
+    """The instance of `model_id` a new task should go to, or None if none is placed.
+
+    Prefer a serving lead runner (ready or running), then a live one (still loading), then
+    the fewest tasks in flight; ties go to the smallest instance id.
+    """
+    candidates = [i for i in state.instances.values() if i.model.model_id == model_id]
+    if not candidates:
+        return None
+    load: dict[InstanceId, int] = {}
+    for task in state.tasks.values():
+        load[task.instance_id] = load.get(task.instance_id, 0) + 1
+
+    def rank(instance: Instance) -> tuple[int, int, str]:
+        record = state.runners.get(instance.lead.runner_id)
+        status = record.status if record is not None else None
+        if isinstance(status, RunnerReady | RunnerRunning):
+            readiness = 0
+        elif isinstance(status, TERMINAL_STATUSES) or status is None:
+            readiness = 2
+        else:
+            readiness = 1
+        return (readiness, load.get(instance.instance_id, 0), instance.instance_id)
+
+    return min(candidates, key=rank)
+
+
+def decide_local_event(state: State, event: LocalEvent) -> Event | None:
+    """The global event recording `event`, or None if it names nothing known or changes nothing."""
+    match event:
+        case NodeReport(node):
+            if state.nodes.get(node.node_id) == node:
+                return None
+            return NodeUpdated(node)
+        case RunnerReport(runner_id, instance_id, status):
+            record = state.runners.get(runner_id)
+            if record is None or record.instance_id != instance_id:
+                log.info(
+                    "ignored report of unknown runner %s (instance %s)", runner_id, instance_id
+                )
+                return None
+            if record.status == status:
+                return None
+            return RunnerStatusChanged(runner_id, instance_id, record.node_id, status)
+        case TaskReport(task_id, status, finish_reason):
+            task = state.tasks.get(task_id)
+            if task is None:
+                log.debug("ignored report of unknown task %s (finished already?)", task_id)
+                return None
+            if finish_reason is not None:
+                return TaskFinished(task_id, finish_reason)
+            if task.status == status:
+                return None
+            return TaskStatusChanged(task_id, status)

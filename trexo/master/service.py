@@ -1,0 +1,244 @@
+"""The master: turns commands and local events into the session's ordered, durable event log.
+
+Shell around the pure parts (`decide`, `placement`, `trexo.state.apply`): one task handles
+every message in arrival order, so validation always sees the state that the events emitted
+so far produce, and indices are handed out without locks. Each event is appended to the log
+on disk, then broadcast on `global_events`.
+
+Starting: if the session's log file already exists (the generation restarted within the
+same session), the master resumes from it: its events are the state and the next index
+follows the last. Otherwise, if given an initial state (what the previous session ended
+with), the master's first events rebuild the part of it a new session keeps
+(`trexo.state.carry_over`: nodes and placements, runners idle, no tasks), so that the new
+session's log alone brings a late joiner to the same state.
+"""
+
+from __future__ import annotations
+
+import logging
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from trexo.config import MasterConfig
+from trexo.master.decide import (
+    Accepted,
+    Decision,
+    Refused,
+    StateCommand,
+    decide_command,
+    decide_local_event,
+)
+from trexo.master.event_log import EventLog, log_path, open_event_log, read_log
+from trexo.net.router import Envelope, PeerUnreachable, Router
+from trexo.net.topics import Topic
+from trexo.state import apply, carry_over, rebuild_events
+from trexo.types.commands import Command, RequestReplay
+from trexo.types.events import Event, IndexedEvent
+from trexo.types.ids import NodeId, new_id
+from trexo.types.local_events import LocalEvent
+from trexo.types.session import Session
+from trexo.types.state import State
+from trexo.types.stream import CommandReply
+
+log = logging.getLogger(__name__)
+
+_COMMAND_TYPES = typing.get_args(Command)
+_LOCAL_EVENT_TYPES = typing.get_args(LocalEvent)
+
+
+@attrs.frozen
+class MasterStatistics:
+    """A snapshot of a `Master`, in the style of trio's `statistics()` objects."""
+
+    session: Session
+    events_emitted: int
+    """Events in this session's log (resumed ones included); also the next index."""
+    commands_handled: int
+    commands_refused: int
+    local_events_handled: int
+    replays_served: int
+    payloads_dropped: int
+    """Messages of the wrong type on the master's topics."""
+
+
+class Master:
+    """The master of one session. `await nursery.start(master.run)`; cancel to stop."""
+
+    def __init__(
+        self,
+        router: Router,
+        session: Session,
+        log_dir: Path,
+        initial_state: State | None = None,
+        *,
+        config: MasterConfig | None = None,
+        id_factory: Callable[[], str] = new_id,
+    ) -> None:
+        self.router = router
+        self.session = session
+        self.log_path = log_path(log_dir, session)
+        self.config = config or MasterConfig()
+        self._initial_state = initial_state or State()
+        self._new_id = id_factory
+        self._state = State()
+        self._events: list[IndexedEvent] = []  # the whole session, for replays
+        self._log: EventLog | None = None
+        self._commands_handled = 0
+        self._commands_refused = 0
+        self._local_events_handled = 0
+        self._replays_served = 0
+        self._payloads_dropped = 0
+
+    @property
+    def state(self) -> State:
+        """The state the events emitted so far produce."""
+        return self._state
+
+    @property
+    def commands_seen(self) -> int:
+        """Commands of any kind this master has handled (the election ranks by it)."""
+        return self._commands_handled
+
+    def statistics(self) -> MasterStatistics:
+        return MasterStatistics(
+            session=self.session,
+            events_emitted=len(self._events),
+            commands_handled=self._commands_handled,
+            commands_refused=self._commands_refused,
+            local_events_handled=self._local_events_handled,
+            replays_served=self._replays_served,
+            payloads_dropped=self._payloads_dropped,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[Master] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the session until cancelled; `started(self)` once subscribed and caught up."""
+        with (
+            self.router.subscribe(Topic.COMMANDS) as commands,
+            self.router.subscribe(Topic.LOCAL_EVENTS) as local_events,
+        ):
+            resumed = await self._resume()
+            async with (
+                open_event_log(self.log_path, fsync_interval=self.config.fsync_interval) as ev_log,
+                trio.open_nursery() as nursery,
+            ):
+                self._log = ev_log
+                if not resumed:
+                    for event in rebuild_events(carry_over(self._initial_state)):
+                        await self._emit(event)
+                # Both topics feed one handler, so messages are handled strictly one by one.
+                inbox_send, inbox = trio.open_memory_channel[Envelope](0)
+                async with inbox_send:
+                    nursery.start_soon(_forward, commands, inbox_send.clone())
+                    nursery.start_soon(_forward, local_events, inbox_send.clone())
+                task_status.started(self)
+                async with inbox:
+                    async for envelope in inbox:
+                        await self._handle(envelope)
+
+    async def _resume(self) -> bool:
+        """Load this session's existing log, if any; whether it held events."""
+        self._state, self._events = State(), []
+        if not await trio.to_thread.run_sync(self.log_path.exists):
+            return False
+        events = await trio.to_thread.run_sync(read_log, self.log_path)
+        if not events:
+            return False
+        for expected, event in enumerate(events):
+            if event.index != expected or event.session != self.session:
+                raise RuntimeError(
+                    f"event log {self.log_path} is out of order at record {expected}: "
+                    f"index {event.index} of session {event.session}"
+                )
+            self._state = apply(self._state, event)
+        self._events = events
+        log.info("master %s resumed from %d logged events", self.session, len(events))
+        return True
+
+    # --- handling ---------------------------------------------------------------------------
+
+    async def _handle(self, envelope: Envelope) -> None:
+        payload: Any = envelope.payload
+        if envelope.topic is Topic.COMMANDS and isinstance(payload, _COMMAND_TYPES):
+            await self._handle_command(envelope.sender, payload)
+        elif envelope.topic is Topic.LOCAL_EVENTS and isinstance(payload, _LOCAL_EVENT_TYPES):
+            await self._handle_local_event(payload)
+        else:
+            self._payloads_dropped += 1
+            log.warning(
+                "master dropped a %s payload on %s from %s",
+                type(payload).__name__,
+                envelope.topic.value,
+                envelope.sender,
+            )
+
+    async def _handle_command(self, sender: NodeId, command: Command) -> None:
+        self._commands_handled += 1
+        if isinstance(command, RequestReplay):
+            decision = await self._replay(sender, command)
+        else:
+            decision = self._decide(command)
+            if isinstance(decision, Accepted):
+                for event in decision.events:
+                    await self._emit(event)
+        if isinstance(decision, Refused):
+            self._commands_refused += 1
+            log.info("refused %s from %s: %s", type(command).__name__, sender, decision.error)
+            reply = CommandReply(command.command_id, decision.error, decision.kind)
+        else:
+            log.debug("accepted %s from %s: %s", type(command).__name__, sender, decision.result_id)
+            reply = CommandReply(command.command_id, result_id=decision.result_id)
+        await self._send(sender, Topic.STREAM, reply)
+
+    def _decide(self, command: StateCommand) -> Decision:
+        return decide_command(
+            self._state, command, new_id=self._new_id, overhead=self.config.memory_overhead
+        )
+
+    async def _replay(self, sender: NodeId, command: RequestReplay) -> Decision:
+        if command.from_index < 0:
+            return Refused(f"replay from negative index {command.from_index}", "invalid")
+        self._replays_served += 1
+        for event in self._events[command.from_index :]:
+            if not await self._send(sender, Topic.GLOBAL_EVENTS, event):
+                break
+        return Accepted((), None)
+
+    async def _handle_local_event(self, local_event: LocalEvent) -> None:
+        self._local_events_handled += 1
+        event = decide_local_event(self._state, local_event)
+        if event is not None:
+            await self._emit(event)
+
+    # --- emitting ---------------------------------------------------------------------------
+
+    async def _emit(self, event: Event) -> IndexedEvent:
+        """Give `event` the next index, log it, apply it, then broadcast it."""
+        assert self._log is not None, "emit before the log is open"
+        indexed = IndexedEvent(self.session, len(self._events), event)
+        await self._log.append(indexed)  # durable before anyone hears of it
+        self._events.append(indexed)
+        self._state = apply(self._state, indexed)
+        await self.router.publish(Topic.GLOBAL_EVENTS, indexed)
+        return indexed
+
+    async def _send(self, node_id: NodeId, topic: Topic, payload: object) -> bool:
+        """Point-to-point send; a node that has gone is ordinary (logged, False)."""
+        try:
+            await self.router.send(node_id, topic, payload)
+        except PeerUnreachable:
+            log.info("master could not reach %s for a %s message", node_id, topic.value)
+            return False
+        return True
+
+
+async def _forward(
+    receive: trio.MemoryReceiveChannel[Envelope], send: trio.MemorySendChannel[Envelope]
+) -> None:
+    async with send:
+        async for envelope in receive:
+            await send.send(envelope)

@@ -1,0 +1,138 @@
+"""The node: wires the services together (DESIGN §2).
+
+Node (root nursery)               lives as long as the process
+├─ StreamHub                      chunks and command replies for this node
+├─ ApiServer                      node-lifetime: stays up across sessions
+├─ SessionSupervisor              one generation per session
+│   └─ generation: Master (if this node won), StateView, Worker (-> runners)
+├─ Election                       decides sessions
+└─ DefaultModel                   places the default model once per session, if asked
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from trexo import catalog
+from trexo.api.app import create_app
+from trexo.api.server import ApiServer
+from trexo.cluster_client import ClusterClient, SessionTracker
+from trexo.config import ApiConfig, Paths, RestartPolicy, RunnerConfig
+from trexo.default_model import DefaultModel
+from trexo.election import Election
+from trexo.identity import load_or_create_node_id
+from trexo.lifecycle import SessionSupervisor
+from trexo.master.service import Master
+from trexo.net.router import Router
+from trexo.net.stream_hub import StreamHub
+from trexo.types.ids import InstanceId, NodeId
+from trexo.types.models import ModelRef
+from trexo.types.session import Session
+from trexo.worker.service import Worker
+from trexo.worker.state_view import StateView
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class NodeConfig:
+    """Everything a node needs to run; `trexo run`'s options end up here."""
+
+    paths: Paths = Paths()
+    api: ApiConfig = ApiConfig()
+    runner: RunnerConfig = RunnerConfig()
+    restart: RestartPolicy = RestartPolicy()
+    default_model: ModelRef | None = None
+    """Placed once per session if the cluster has no instance of it (None: place nothing)."""
+    extra_models: tuple[ModelRef, ...] = ()
+    """Local models this node offers besides the built-in demo models."""
+    runner_env: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class NodeStarted:
+    node_id: NodeId
+    api_url: str
+
+
+ReadyCallback = Callable[[ModelRef, InstanceId, str], None]
+"""Told the model, its instance and the API URL once the default model answers."""
+
+
+class Node:
+    def __init__(self, config: NodeConfig, *, on_model_ready: ReadyCallback | None = None) -> None:
+        self.config = config
+        self._on_model_ready = on_model_ready
+        self.node_id = load_or_create_node_id(config.paths.data_dir)
+        self.router = Router(self.node_id)
+        self.sessions = SessionTracker()
+        self.hub = StreamHub(self.router)
+        self.client = ClusterClient(self.router, self.hub, self.sessions, self._catalog)
+        self.api_url: str | None = None
+
+    def _model_ready(self, model: ModelRef, instance_id: InstanceId) -> None:
+        if self._on_model_ready is not None and self.api_url is not None:
+            self._on_model_ready(model, instance_id, self.api_url)
+
+    def _catalog(self) -> list[ModelRef]:
+        return [*catalog.builtin_models(), *self.config.extra_models]
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[NodeStarted] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        log.info("node %s starting; data in %s", self.node_id, self.config.paths.data_dir)
+        sessions_send, sessions_receive = trio.open_memory_channel[Session](math.inf)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.hub.run)
+            app = create_app(self.client, self.config.api)
+            self.api_url = await nursery.start(ApiServer(app, self.config.api).run)
+            supervisor = SessionSupervisor(
+                sessions_receive, self._generation, policy=self.config.restart
+            )
+            await nursery.start(supervisor.run)
+            await nursery.start(
+                Election(self.router, self.config.paths.data_dir, sessions_send).run
+            )
+            if self.config.default_model is not None:
+                default = DefaultModel(
+                    self.client, self.sessions, self.config.default_model, self._model_ready
+                )
+                nursery.start_soon(default.run)
+            log.info("node %s serving the API on %s", self.node_id, self.api_url)
+            assert self.api_url is not None
+            task_status.started(NodeStarted(self.node_id, self.api_url))
+
+    async def _generation(self, session: Session, *, task_status: trio.TaskStatus[Any]) -> None:
+        """One session's services. Returns only when all of them (and their runners) ended."""
+        paths = self.config.paths
+        try:
+            async with trio.open_nursery() as generation:
+                if session.master_id == self.node_id:
+                    # Before the view: the view's first act is to ask the master for a replay.
+                    await generation.start(
+                        Master(self.router, session, paths.data_dir / "events").run
+                    )
+                view = StateView(self.router, session)
+                await generation.start(view.run)
+                worker = Worker(
+                    router=self.router,
+                    session=session,
+                    view=view,
+                    models_dir=paths.models_dir,
+                    runner_logs_dir=paths.runner_logs_dir,
+                    runner_config=self.config.runner,
+                    runner_env=self.config.runner_env,
+                    api_url=lambda: self.api_url,
+                )
+                await generation.start(worker.run)
+                self.sessions.set_session(session, view)
+                task_status.started()
+        finally:
+            self.sessions.set_session(None, None)
+            self.hub.fail_all_streams(f"session {session.clock} ended")

@@ -1,0 +1,137 @@
+"""`apply(state, event) -> State`: the one pure function every node folds the event log with.
+
+Nothing is mutated: each change copies the dicts it touches and `attrs.evolve`s the state, so
+a `State` handed out earlier never changes under its holder. An event naming an id the state
+does not know is a no-op (logged at debug), never an exception: the log is the master's
+word, and a late fact about something already gone is ordinary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TypeVar
+
+import attrs
+
+from trexo.types.events import (
+    Event,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeRemoved,
+    NodeUpdated,
+    RunnerStatusChanged,
+    TaskCreated,
+    TaskFinished,
+    TaskStatusChanged,
+)
+from trexo.types.state import RunnerRecord, State
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def apply(state: State, event: IndexedEvent | Event) -> State:
+    """`state` after `event`; an `IndexedEvent` also moves `last_index` to its index."""
+    if isinstance(event, IndexedEvent):
+        return attrs.evolve(_apply_event(state, event.event), last_index=event.index)
+    return _apply_event(state, event)
+
+
+def apply_all(state: State, events: Iterable[IndexedEvent | Event]) -> State:
+    """`state` after each of `events` in turn."""
+    for event in events:
+        state = apply(state, event)
+    return state
+
+
+def rebuild_events(state: State) -> list[Event]:
+    """Events that rebuild `state` (all but `last_index`) when applied to an empty `State`.
+
+    A new session's master starts its log with these (for its `carry_over` state), so that
+    the log alone, replayed from index 0 by a late joiner, gives the state it started from.
+    """
+    events: list[Event] = [NodeUpdated(node) for node in state.nodes.values()]
+    events += [InstanceCreated(instance) for instance in state.instances.values()]
+    # InstanceCreated makes an idle record per assignment; correct the ones that moved on.
+    implied = apply_all(State(), events).runners
+    events += [
+        RunnerStatusChanged(r.runner_id, r.instance_id, r.node_id, r.status)
+        for r in state.runners.values()
+        if implied.get(r.runner_id) != r
+    ]
+    events += [TaskCreated(task) for task in state.tasks.values()]
+    return events
+
+
+def carry_over(state: State) -> State:
+    """What of a previous session's `state` a new session starts from: nodes and placements.
+
+    Sessions never overlap (DESIGN §1.3): the previous generation's runners have been reaped
+    and its streams failed, so runner statuses start idle again and its tasks are gone.
+    """
+    fresh = apply_all(State(), [InstanceCreated(i) for i in state.instances.values()])
+    return State(nodes=dict(state.nodes), instances=fresh.instances, runners=fresh.runners)
+
+
+def _apply_event(state: State, event: Event) -> State:
+    match event:
+        case NodeUpdated(node):
+            return attrs.evolve(state, nodes={**state.nodes, node.node_id: node})
+        case NodeRemoved(node_id):
+            # Instances on the node stay: the master deletes them with their own events.
+            if node_id not in state.nodes:
+                return _unknown(state, event, "node", node_id)
+            return attrs.evolve(state, nodes=_without(state.nodes, node_id))
+        case InstanceCreated(instance):
+            if instance.instance_id in state.instances:
+                return _unknown(state, event, "instance (already exists)", instance.instance_id)
+            runners = dict(state.runners)
+            for a in instance.assignments:
+                runners[a.runner_id] = RunnerRecord(a.runner_id, instance.instance_id, a.node_id)
+            instances = {**state.instances, instance.instance_id: instance}
+            return attrs.evolve(state, instances=instances, runners=runners)
+        case InstanceDeleted(instance_id):
+            if instance_id not in state.instances:
+                return _unknown(state, event, "instance", instance_id)
+            return attrs.evolve(
+                state,
+                instances=_without(state.instances, instance_id),
+                runners={k: r for k, r in state.runners.items() if r.instance_id != instance_id},
+                tasks={k: t for k, t in state.tasks.items() if t.instance_id != instance_id},
+            )
+        case RunnerStatusChanged(runner_id, instance_id, node_id, status):
+            # Creates a missing record of a known instance; a report about a deleted
+            # instance's runner arrives late and is ignored.
+            if instance_id not in state.instances:
+                return _unknown(state, event, "instance", instance_id)
+            record = RunnerRecord(runner_id, instance_id, node_id, status)
+            return attrs.evolve(state, runners={**state.runners, runner_id: record})
+        case TaskCreated(task):
+            if task.instance_id not in state.instances:
+                return _unknown(state, event, "instance", task.instance_id)
+            return attrs.evolve(state, tasks={**state.tasks, task.task_id: task})
+        case TaskStatusChanged(task_id, status):
+            current = state.tasks.get(task_id)
+            if current is None:
+                return _unknown(state, event, "task", task_id)
+            tasks = {**state.tasks, task_id: attrs.evolve(current, status=status)}
+            return attrs.evolve(state, tasks=tasks)
+        case TaskFinished(task_id, _):
+            if task_id not in state.tasks:
+                return _unknown(state, event, "task", task_id)
+            return attrs.evolve(state, tasks=_without(state.tasks, task_id))
+    log.warning("not an event, ignored: %r", event)  # unreachable for well-typed input
+    return state
+
+
+def _without(mapping: dict[K, V], key: K) -> dict[K, V]:
+    return {k: v for k, v in mapping.items() if k != key}
+
+
+def _unknown(state: State, event: Event, kind: str, key: object) -> State:
+    log.debug("%s names unknown %s %s: no-op", type(event).__name__, kind, key)
+    return state

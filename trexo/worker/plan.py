@@ -1,0 +1,101 @@
+"""The worker's decisions, as a pure function of the cluster state and what runs here.
+
+`plan` is called after every state change and every local change; the worker service
+executes what it returns. Each action, once started, shows up in `LocalWorld`, so calling
+`plan` again never repeats it.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from trexo.config import RUNNER_MAX_ATTEMPTS
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
+from trexo.types.state import Instance, RunnerAssignment, State, Task
+
+
+@attrs.frozen
+class StartRunner:
+    """Spawn the runner of `assignment` and load its part of `instance`'s model."""
+
+    instance: Instance
+    assignment: RunnerAssignment
+
+
+@attrs.frozen
+class StopRunner:
+    """Its instance was deleted: stop and reap the runner."""
+
+    runner_id: RunnerId
+
+
+@attrs.frozen
+class ForwardTask:
+    """Hand `task` to the local lead runner and stream its chunks to the task's origin."""
+
+    task: Task
+    runner_id: RunnerId
+
+
+@attrs.frozen
+class CancelTask:
+    """The task left the state (cancelled) while we still forward it: stop it in the runner."""
+
+    task_id: RequestId
+
+
+@attrs.frozen
+class FailTask:
+    """The task's lead runner is here but gave up (too many failures): end it with an error."""
+
+    task: Task
+    reason: str
+
+
+Action = StartRunner | StopRunner | ForwardTask | CancelTask | FailTask
+
+
+@attrs.frozen
+class LocalWorld:
+    """What this node's worker is doing right now."""
+
+    node_id: NodeId
+    runners: frozenset[RunnerId] = frozenset()
+    """Runners with a live supervisor here (starting, loading, ready or running)."""
+    taken: frozenset[RequestId] = frozenset()
+    """Tasks this worker has forwarded (in flight or ended) that may still be in the state."""
+    inflight: frozenset[RequestId] = frozenset()
+    """Tasks being forwarded right now (a subset of `taken`)."""
+    cancelling: frozenset[RequestId] = frozenset()
+    """Forwarded tasks whose cancellation was already sent."""
+    attempts: dict[InstanceId, int] = attrs.field(factory=dict)
+    """Runner starts per instance so far; a runner that keeps failing is not restarted."""
+
+
+def plan(state: State, local: LocalWorld, max_attempts: int = RUNNER_MAX_ATTEMPTS) -> list[Action]:
+    """Every action the worker should start now, in a stable order."""
+    actions: list[Action] = []
+    for instance in sorted(state.instances.values(), key=lambda i: i.instance_id):
+        for assignment in instance.assignments:
+            if (
+                assignment.node_id == local.node_id
+                and assignment.runner_id not in local.runners
+                and local.attempts.get(instance.instance_id, 0) < max_attempts
+            ):
+                actions.append(StartRunner(instance, assignment))
+    for runner_id in sorted(local.runners - state.runners.keys()):
+        actions.append(StopRunner(runner_id))
+    for task in sorted(state.tasks.values(), key=lambda t: t.task_id):
+        if task.task_id in local.taken:
+            continue
+        owner = state.instances.get(task.instance_id)
+        if owner is None or owner.lead.node_id != local.node_id:
+            continue
+        lead = owner.lead.runner_id
+        if lead in local.runners:
+            actions.append(ForwardTask(task, lead))
+        elif local.attempts.get(owner.instance_id, 0) >= max_attempts:
+            actions.append(FailTask(task, f"runner {lead} failed {max_attempts} times"))
+    for task_id in sorted(local.inflight - state.tasks.keys() - local.cancelling):
+        actions.append(CancelTask(task_id))
+    return actions

@@ -1,0 +1,289 @@
+"""The worker: runs this node's part of the cluster state.
+
+It re-plans (`trexo.worker.plan`) on every state change and every local change, and executes
+the actions as tasks of its own nursery: runner supervisors (one per runner assigned here),
+task forwarders (runner chunks -> the requesting node, point-to-point), and the reporting of
+facts to the master as local events. It is session-scoped: when the session ends, its
+nursery exits only after every runner process it started has been reaped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import psutil
+import trio
+
+from trexo import catalog
+from trexo.config import (
+    MEMORY_REPORT_THRESHOLD_BYTES,
+    NODE_REPORT_INTERVAL_S,
+    RUNNER_MAX_ATTEMPTS,
+    RUNNER_RETRY_BACKOFF_S,
+    STREAM_SEND_TIMEOUT_S,
+    RunnerConfig,
+)
+from trexo.errors import ClusterError, RunnerError
+from trexo.net.router import PeerUnreachable, Router
+from trexo.net.topics import Topic
+from trexo.types.chunks import FinishReason
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
+from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
+from trexo.types.runner_status import TERMINAL_STATUSES, RunnerReady, RunnerRunning
+from trexo.types.session import Session
+from trexo.types.state import Instance, NodeInfo, RunnerAssignment, State, Task
+from trexo.types.stream import StreamChunk, StreamFailed
+from trexo.worker.plan import (
+    CancelTask,
+    FailTask,
+    ForwardTask,
+    LocalWorld,
+    StartRunner,
+    StopRunner,
+    plan,
+)
+from trexo.worker.runner_supervisor import RunnerSupervisor
+from trexo.worker.state_view import StateView
+
+log = logging.getLogger(__name__)
+
+
+def read_node_info(node_id: NodeId, api_url: str | None) -> NodeInfo:
+    memory = psutil.virtual_memory()
+    return NodeInfo(node_id, socket.gethostname(), memory.total, memory.available, api_url)
+
+
+def node_info_changed(old: NodeInfo, new: NodeInfo) -> bool:
+    """Worth an event: anything but small drifts of available memory."""
+    drift = abs(old.memory_available - new.memory_available)
+    return attrs.evolve(old, memory_available=new.memory_available) != new or (
+        drift > MEMORY_REPORT_THRESHOLD_BYTES
+    )
+
+
+@attrs.define
+class _LocalRunner:
+    supervisor: RunnerSupervisor
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        router: Router,
+        session: Session,
+        view: StateView,
+        models_dir: Path,
+        runner_logs_dir: Path,
+        runner_config: RunnerConfig = RunnerConfig(),
+        runner_env: dict[str, str] | None = None,
+        api_url: Callable[[], str | None] = lambda: None,
+        max_attempts: int = RUNNER_MAX_ATTEMPTS,
+        retry_backoff: float = RUNNER_RETRY_BACKOFF_S,
+        node_report_interval: float = NODE_REPORT_INTERVAL_S,
+    ) -> None:
+        self._router = router
+        self.node_id = router.node_id
+        self._session = session
+        self._view = view
+        self._models_dir = models_dir
+        self._runner_logs_dir = runner_logs_dir
+        self._runner_config = runner_config
+        self._runner_env = runner_env or {}
+        self._api_url = api_url
+        self._max_attempts = max_attempts
+        self._retry_backoff = retry_backoff
+        self._node_report_interval = node_report_interval
+        self._runners: dict[RunnerId, _LocalRunner] = {}
+        self._attempts: dict[InstanceId, int] = {}
+        self._taken: set[RequestId] = set()
+        self._inflight: set[RequestId] = set()
+        self._cancelling: set[RequestId] = set()
+        self._local_changed = trio.Event()
+        self._reports_send, self._reports_receive = trio.open_memory_channel[LocalEvent](math.inf)
+
+    @property
+    def runners(self) -> dict[RunnerId, RunnerSupervisor]:
+        """The runner supervisors alive on this node now."""
+        return {rid: entry.supervisor for rid, entry in self._runners.items()}
+
+    async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send_reports)
+            nursery.start_soon(self._report_node_periodically)
+            nursery.start_soon(self._wake_on_state_changes)
+            task_status.started(self)
+            await self._plan_loop(nursery)
+
+    # --- planning -------------------------------------------------------------------------
+
+    def _local_world(self) -> LocalWorld:
+        return LocalWorld(
+            node_id=self.node_id,
+            runners=frozenset(self._runners),
+            taken=frozenset(self._taken),
+            inflight=frozenset(self._inflight),
+            cancelling=frozenset(self._cancelling),
+            attempts=dict(self._attempts),
+        )
+
+    def _changed(self) -> None:
+        self._local_changed.set()
+
+    async def _wake_on_state_changes(self) -> None:
+        index = self._view.state.last_index
+        while True:
+            state = await self._view.wait_state_change(index)
+            index = state.last_index
+            self._changed()
+
+    async def _plan_loop(self, nursery: trio.Nursery) -> None:
+        while True:
+            self._local_changed = trio.Event()
+            state = self._view.state
+            self._forget_ended_tasks(state)
+            for action in plan(state, self._local_world(), self._max_attempts):
+                self._execute(action, nursery)
+            await self._local_changed.wait()
+
+    def _forget_ended_tasks(self, state: State) -> None:
+        self._taken -= self._taken - state.tasks.keys() - self._inflight
+        self._cancelling &= self._inflight
+
+    def _execute(self, action: object, nursery: trio.Nursery) -> None:
+        match action:
+            case StartRunner(instance=instance, assignment=assignment):
+                self._start_runner(instance, assignment, nursery)
+            case StopRunner(runner_id=runner_id):
+                log.info("stopping runner %s: its instance is gone", runner_id)
+                self._runners[runner_id].scope.cancel()
+            case ForwardTask(task=task, runner_id=runner_id):
+                self._taken.add(task.task_id)
+                self._inflight.add(task.task_id)
+                nursery.start_soon(self._forward, task, self._runners[runner_id].supervisor)
+            case CancelTask(task_id=task_id):
+                self._cancelling.add(task_id)
+                nursery.start_soon(self._cancel, task_id)
+            case FailTask(task=task, reason=reason):
+                self._taken.add(task.task_id)
+                nursery.start_soon(self._fail_task, task, reason)
+
+    # --- runners --------------------------------------------------------------------------
+
+    def _start_runner(
+        self, instance: Instance, assignment: RunnerAssignment, nursery: trio.Nursery
+    ) -> None:
+        runner_id = assignment.runner_id
+
+        def on_status(status: object) -> None:
+            self._report(RunnerReport(runner_id, instance.instance_id, status))  # type: ignore[arg-type]
+            self._changed()
+
+        supervisor = RunnerSupervisor(
+            runner_id,
+            config=self._runner_config,
+            log_dir=self._runner_logs_dir,
+            env=self._runner_env,
+            on_status=on_status,
+        )
+        self._runners[runner_id] = _LocalRunner(supervisor)
+        self._attempts[instance.instance_id] = self._attempts.get(instance.instance_id, 0) + 1
+        nursery.start_soon(self._run_runner, instance, assignment, self._runners[runner_id])
+
+    async def _run_runner(
+        self, instance: Instance, assignment: RunnerAssignment, entry: _LocalRunner
+    ) -> None:
+        supervisor = entry.supervisor
+        try:
+            with entry.scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(supervisor.run)
+                    try:
+                        model_dir = await trio.to_thread.run_sync(
+                            catalog.model_dir, instance.model, self._models_dir
+                        )
+                        await supervisor.load(model_dir, assignment.shard)
+                    except (RunnerError, ClusterError) as exc:
+                        log.error(
+                            "runner %s could not load %s: %s",
+                            supervisor.runner_id,
+                            instance.model.model_id,
+                            exc,
+                        )
+                        nursery.cancel_scope.cancel()
+                if supervisor.exit_cause is not None and not entry.scope.cancel_called:
+                    await trio.sleep(self._retry_backoff)  # before the plan restarts it
+        finally:
+            del self._runners[assignment.runner_id]
+            self._changed()
+
+    # --- tasks ----------------------------------------------------------------------------
+
+    async def _forward(self, task: Task, supervisor: RunnerSupervisor) -> None:
+        """Run `task` on the local lead runner; stream chunks to the requesting node."""
+        reason: FinishReason = "error"
+        try:
+            status = await supervisor.wait_status(
+                lambda s: isinstance(s, RunnerReady | RunnerRunning)
+            )
+            if isinstance(status, TERMINAL_STATUSES):
+                raise RunnerError(f"runner {supervisor.runner_id} failed: {status}")
+            self._report(TaskReport(task.task_id, "running"))
+            async with supervisor.open_generation(task.request) as stream:
+                async for chunk in stream:
+                    with trio.fail_after(STREAM_SEND_TIMEOUT_S):
+                        await self._router.send(task.origin_node, Topic.STREAM, StreamChunk(chunk))
+                    if chunk.finish_reason is not None:
+                        reason = chunk.finish_reason
+        except (RunnerError, trio.TooSlowError) as exc:
+            log.warning("task %s failed: %s", task.task_id, exc)
+            await self._tell_origin(task, StreamFailed(task.task_id, str(exc)))
+        except PeerUnreachable:
+            log.info("task %s: its requesting node is gone; cancelled", task.task_id)
+            reason = "cancelled"
+        finally:
+            self._inflight.discard(task.task_id)
+            self._report(TaskReport(task.task_id, finish_reason=reason))
+            self._changed()
+
+    async def _cancel(self, task_id: RequestId) -> None:
+        for entry in self._runners.values():
+            await entry.supervisor.cancel(task_id)
+
+    async def _fail_task(self, task: Task, reason: str) -> None:
+        await self._tell_origin(task, StreamFailed(task.task_id, reason))
+        self._report(TaskReport(task.task_id, finish_reason="error"))
+
+    async def _tell_origin(self, task: Task, item: StreamFailed) -> None:
+        try:
+            with trio.move_on_after(STREAM_SEND_TIMEOUT_S):
+                await self._router.send(task.origin_node, Topic.STREAM, item)
+        except PeerUnreachable:
+            log.info("task %s: requesting node gone", task.task_id)
+
+    # --- reports to the master ------------------------------------------------------------
+
+    def _report(self, event: LocalEvent) -> None:
+        self._reports_send.send_nowait(event)
+
+    async def _send_reports(self) -> None:
+        async for event in self._reports_receive:
+            try:
+                await self._router.send(self._session.master_id, Topic.LOCAL_EVENTS, event)
+            except PeerUnreachable:
+                log.debug("master unreachable; dropped %s", type(event).__name__)
+
+    async def _report_node_periodically(self) -> None:
+        reported: NodeInfo | None = None
+        while True:
+            info = await trio.to_thread.run_sync(read_node_info, self.node_id, self._api_url())
+            if reported is None or node_info_changed(reported, info):
+                self._report(NodeReport(info))
+                reported = info
+            await trio.sleep(self._node_report_interval)
