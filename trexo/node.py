@@ -31,6 +31,7 @@ from trexo.lifecycle import SessionSupervisor
 from trexo.master.service import Master
 from trexo.net.router import Router
 from trexo.net.stream_hub import StreamHub
+from trexo.trace import trace
 from trexo.types.ids import InstanceId, NodeId
 from trexo.types.models import ModelRef
 from trexo.types.session import Session
@@ -87,8 +88,10 @@ class Node:
         self, *, task_status: trio.TaskStatus[NodeStarted] = trio.TASK_STATUS_IGNORED
     ) -> None:
         log.info("node %s starting; data in %s", self.node_id, self.config.paths.data_dir)
+        decided_send, decided_receive = trio.open_memory_channel[Session](math.inf)
         sessions_send, sessions_receive = trio.open_memory_channel[Session](math.inf)
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._relay_sessions, decided_receive, sessions_send)
             await nursery.start(self.hub.run)
             app = create_app(self.client, self.config.api)
             self.api_url = await nursery.start(ApiServer(app, self.config.api).run)
@@ -97,7 +100,7 @@ class Node:
             )
             await nursery.start(supervisor.run)
             await nursery.start(
-                Election(self.router, self.config.paths.data_dir, sessions_send).run
+                Election(self.router, self.config.paths.data_dir, decided_send).run
             )
             if self.config.default_model is not None:
                 default = DefaultModel(
@@ -108,6 +111,21 @@ class Node:
             assert self.api_url is not None
             task_status.started(NodeStarted(self.node_id, self.api_url))
 
+    async def _relay_sessions(
+        self,
+        decided: trio.MemoryReceiveChannel[Session],
+        supervisor: trio.MemorySendChannel[Session],
+    ) -> None:
+        """Election -> supervisor. The old session is over the moment a new one is decided:
+        commands wait for the new generation from then on instead of going to a dead master."""
+        async with decided, supervisor:
+            async for session in decided:
+                trace(
+                    self.node_id, "session_decided", clock=session.clock, master=session.master_id
+                )
+                self.sessions.set_session(None, None)
+                await supervisor.send(session)
+
     async def _generation(self, session: Session, *, task_status: trio.TaskStatus[Any]) -> None:
         """One session's services. Returns only when all of them (and their runners) ended."""
         paths = self.config.paths
@@ -115,9 +133,11 @@ class Node:
             async with trio.open_nursery() as generation:
                 if session.master_id == self.node_id:
                     # Before the view: the view's first act is to ask the master for a replay.
-                    await generation.start(
-                        Master(self.router, session, paths.data_dir / "events").run
+                    # Carry the last session's placements over; the master drops what left.
+                    master = Master(
+                        self.router, session, paths.events_dir, self.sessions.last_state
                     )
+                    await generation.start(master.run)
                 view = StateView(self.router, session)
                 await generation.start(view.run)
                 worker = Worker(
@@ -132,6 +152,7 @@ class Node:
                 )
                 await generation.start(worker.run)
                 self.sessions.set_session(session, view)
+                trace(self.node_id, "generation_started", clock=session.clock)
                 task_status.started()
         finally:
             self.sessions.set_session(None, None)

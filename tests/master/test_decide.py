@@ -12,12 +12,15 @@ from trexo.master.decide import (
     choose_instance,
     decide_command,
     decide_local_event,
+    decide_nodes_lost,
+    orphaned_tasks,
 )
 from trexo.state import apply_all
 from trexo.types.commands import CancelTask, DeleteInstance, PlaceInstance, SubmitTask
 from trexo.types.events import (
     InstanceCreated,
     InstanceDeleted,
+    NodeRemoved,
     NodeUpdated,
     RunnerStatusChanged,
     TaskCreated,
@@ -176,3 +179,30 @@ def test_runner_report_keeps_the_recorded_node(status: object) -> None:
     event = decide_local_event(state, RunnerReport(RunnerId("r1"), InstanceId("i1"), status))  # type: ignore[arg-type]
     assert isinstance(event, RunnerStatusChanged)
     assert event.node_id == A
+
+
+def test_a_lost_node_takes_its_instances_and_their_tasks_with_it() -> None:
+    b = NodeId("b")
+    on_a, on_b = (
+        instance("ia", "ra"),
+        Instance(InstanceId("ib"), MODEL, (RunnerAssignment(RunnerId("rb"), b),)),
+    )
+    task = Task(RequestId("t"), on_b.instance_id, A, request("t"))
+    state = apply_all(
+        State(),
+        [
+            NodeUpdated(NODE),
+            NodeUpdated(NodeInfo(b, "host-b", 1024 * MiB, 1024 * MiB)),
+            InstanceCreated(on_a),
+            InstanceCreated(on_b),
+            TaskCreated(task),
+        ],
+    )
+    events = decide_nodes_lost(state, frozenset({A}))
+    assert events == [InstanceDeleted(on_b.instance_id), NodeRemoved(b)]
+    assert orphaned_tasks(state, events) == [task]
+    after = apply_all(state, events)
+    assert set(after.nodes) == {A}
+    assert set(after.instances) == {on_a.instance_id}
+    assert after.tasks == {}
+    assert decide_nodes_lost(after, frozenset({A})) == []

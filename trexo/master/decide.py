@@ -23,13 +23,14 @@ from trexo.types.events import (
     Event,
     InstanceCreated,
     InstanceDeleted,
+    NodeRemoved,
     NodeUpdated,
     RunnerStatusChanged,
     TaskCreated,
     TaskFinished,
     TaskStatusChanged,
 )
-from trexo.types.ids import InstanceId, RunnerId
+from trexo.types.ids import InstanceId, NodeId, RunnerId
 from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
 from trexo.types.runner_status import TERMINAL_STATUSES, RunnerReady, RunnerRunning
 from trexo.types.state import Instance, State, Task
@@ -159,3 +160,24 @@ def decide_local_event(state: State, event: LocalEvent) -> Event | None:
             if task.status == status:
                 return None
             return TaskStatusChanged(task_id, status)
+
+
+def decide_nodes_lost(state: State, live: frozenset[NodeId]) -> list[Event]:
+    """Events for every node of `state` that is no longer linked: its instances go, then it.
+
+    An instance with a runner on a lost node cannot serve (a split model loses a layer
+    range), so it is deleted as a whole; its tasks go with it (`apply` of InstanceDeleted).
+    """
+    lost = sorted(set(state.nodes) - live)
+    events: list[Event] = []
+    for instance in sorted(state.instances.values(), key=lambda i: i.instance_id):
+        if any(node_id in lost for node_id in instance.node_ids):
+            events.append(InstanceDeleted(instance.instance_id))
+    events.extend(NodeRemoved(node_id) for node_id in lost)
+    return events
+
+
+def orphaned_tasks(state: State, events: list[Event]) -> list[Task]:
+    """Tasks whose instance `events` delete: their requesters must be told."""
+    deleted = {e.instance_id for e in events if isinstance(e, InstanceDeleted)}
+    return [t for t in state.tasks.values() if t.instance_id in deleted]

@@ -32,6 +32,8 @@ from trexo.master.decide import (
     StateCommand,
     decide_command,
     decide_local_event,
+    decide_nodes_lost,
+    orphaned_tasks,
 )
 from trexo.master.event_log import EventLog, log_path, open_event_log, read_log
 from trexo.net.router import Envelope, PeerUnreachable, Router
@@ -43,9 +45,17 @@ from trexo.types.ids import NodeId, new_id
 from trexo.types.local_events import LocalEvent
 from trexo.types.session import Session
 from trexo.types.state import State
-from trexo.types.stream import CommandReply
+from trexo.types.stream import CommandReply, StreamFailed
 
 log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class _PeersChanged:
+    """Internal: the router's set of linked peers is now `peers`."""
+
+    peers: frozenset[NodeId]
+
 
 _COMMAND_TYPES = typing.get_args(Command)
 _LOCAL_EVENT_TYPES = typing.get_args(LocalEvent)
@@ -135,6 +145,7 @@ class Master:
                 async with inbox_send:
                     nursery.start_soon(_forward, commands, inbox_send.clone())
                     nursery.start_soon(_forward, local_events, inbox_send.clone())
+                    nursery.start_soon(self._watch_peers, inbox_send.clone())
                 task_status.started(self)
                 async with inbox:
                     async for envelope in inbox:
@@ -161,9 +172,32 @@ class Master:
 
     # --- handling ---------------------------------------------------------------------------
 
+    async def _watch_peers(self, inbox: trio.MemorySendChannel[Envelope]) -> None:
+        """Turn membership changes into messages for the handler (a node left: clean up)."""
+        async with inbox:
+            peers = self.router.peers
+            while True:
+                await inbox.send(
+                    Envelope(Topic.LOCAL_EVENTS, self.router.node_id, _PeersChanged(peers))
+                )
+                peers = await self.router.wait_peers_change(peers)
+
+    async def _handle_peers(self, peers: frozenset[NodeId]) -> None:
+        events = decide_nodes_lost(self._state, peers | {self.router.node_id})
+        if not events:
+            return
+        for task in orphaned_tasks(self._state, events):
+            failed = StreamFailed(task.task_id, "the node running this generation left the cluster")
+            await self._send(task.origin_node, Topic.STREAM, failed)
+        log.info("nodes left the cluster: %d cleanup events", len(events))
+        for event in events:
+            await self._emit(event)
+
     async def _handle(self, envelope: Envelope) -> None:
         payload: Any = envelope.payload
-        if envelope.topic is Topic.COMMANDS and isinstance(payload, _COMMAND_TYPES):
+        if isinstance(payload, _PeersChanged):
+            await self._handle_peers(payload.peers)
+        elif envelope.topic is Topic.COMMANDS and isinstance(payload, _COMMAND_TYPES):
             await self._handle_command(envelope.sender, payload)
         elif envelope.topic is Topic.LOCAL_EVENTS and isinstance(payload, _LOCAL_EVENT_TYPES):
             await self._handle_local_event(payload)

@@ -49,6 +49,7 @@ class Router:
             topic: [] for topic in Topic
         }
         self._links: dict[NodeId, PeerLink] = {}
+        self._peers_changed = trio.Event()
 
     # --- subscribing ------------------------------------------------------------------------
 
@@ -105,7 +106,21 @@ class Router:
 
     def attach_link(self, node_id: NodeId, link: PeerLink) -> None:
         self._links[node_id] = link
+        self._notify_peers_changed()
 
     def detach_link(self, node_id: NodeId, link: PeerLink) -> None:
         if self._links.get(node_id) is link:
             del self._links[node_id]
+            self._notify_peers_changed()
+
+    # --- membership ---------------------------------------------------------------------------
+
+    def _notify_peers_changed(self) -> None:
+        self._peers_changed.set()
+        self._peers_changed = trio.Event()
+
+    async def wait_peers_change(self, previous: frozenset[NodeId]) -> frozenset[NodeId]:
+        """Return the linked peers as soon as they differ from `previous`."""
+        while self.peers == previous:
+            await self._peers_changed.wait()
+        return self.peers

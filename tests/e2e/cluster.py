@@ -1,0 +1,131 @@
+"""Several `trexo run` processes on loopback forming one cluster, always cleaned up."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from .harness import TrexoProcess, run_trexo
+
+CONVERGE_TIMEOUT_S = 30.0
+POLL_S = 0.05
+
+
+def free_port() -> int:
+    """A port free right now on 127.0.0.1 (tests only: a tiny race is acceptable here)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@attrs.define
+class ClusterNode:
+    name: str
+    data_dir: Path
+    peer_port: int
+    args: tuple[str, ...]
+    env: dict[str, str]
+    process: TrexoProcess | None = None
+    stack: AsyncExitStack | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.process is not None
+        return self.process.url
+
+    @property
+    def node_id(self) -> str:
+        return (self.data_dir / "node_id").read_text().strip()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.process.returncode is None
+
+
+@attrs.define
+class Cluster:
+    root: Path
+    nodes: list[ClusterNode] = attrs.field(factory=list)
+    http: httpx.AsyncClient = attrs.field(factory=lambda: httpx.AsyncClient(timeout=10.0))
+
+    def seed_address(self) -> str:
+        return f"127.0.0.1:{self.nodes[0].peer_port}"
+
+    async def add(
+        self, *extra: str, env: dict[str, str] | None = None, peers: bool = True
+    ) -> ClusterNode:
+        name = f"n{len(self.nodes)}"
+        port = free_port()
+        args = ["--peer-host", "127.0.0.1", "--peer-port", str(port), "--no-multicast", *extra]
+        if peers and self.nodes:
+            args += ["--peer", self.seed_address()]
+        node = ClusterNode(name, self.root / name, port, tuple(args), env or {})
+        self.nodes.append(node)
+        await self.start(node)
+        return node
+
+    async def start(self, node: ClusterNode) -> None:
+        node.stack = AsyncExitStack()
+        node.process = await node.stack.enter_async_context(
+            run_trexo(node.data_dir, *node.args, env=node.env)
+        )
+
+    async def stop(self, node: ClusterNode) -> None:
+        if node.stack is not None:
+            await node.stack.aclose()
+            node.stack = None
+
+    def live(self) -> list[ClusterNode]:
+        return [n for n in self.nodes if n.alive]
+
+    async def health(self, node: ClusterNode) -> dict[str, Any] | None:
+        try:
+            response = await self.http.get(f"{node.url}/health")
+        except httpx.TransportError:
+            return None
+        data: dict[str, Any] = response.json()
+        return data
+
+    async def wait_converged(
+        self, expect_nodes: int | None = None, timeout: float = CONVERGE_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """Until every live node reports the same session and sees `expect_nodes` nodes."""
+        want = expect_nodes if expect_nodes is not None else len(self.live())
+        with trio.fail_after(timeout):
+            while True:
+                healths = [await self.health(n) for n in self.live()]
+                sessions = {repr(h["session"]) for h in healths if h is not None}
+                if (
+                    all(h is not None and h["session"] is not None for h in healths)
+                    and len(sessions) == 1
+                    and all(h is not None and h["nodes"] == want for h in healths)
+                ):
+                    session: dict[str, Any] = healths[0]["session"]  # type: ignore[index]
+                    return session
+                await trio.sleep(POLL_S)
+
+    def by_id(self, node_id: str) -> ClusterNode:
+        for node in self.nodes:
+            if node.alive and node.process is not None and node.node_id == node_id:
+                return node
+        raise LookupError(node_id)
+
+
+@asynccontextmanager
+async def open_cluster(root: Path) -> AsyncIterator[Cluster]:
+    cluster = Cluster(root)
+    try:
+        yield cluster
+    finally:
+        with trio.CancelScope(shield=True):
+            for node in reversed(cluster.nodes):
+                await cluster.stop(node)
+            await cluster.http.aclose()
