@@ -31,3 +31,9 @@ def lint(session: nox.Session) -> None:
 def bench_runner(session: nox.Session) -> None:
     """Runner spawn-to-ready, graceful stop, and orphan exit after a parent SIGKILL."""
     session.run(PYTHON, "bench/bench_runner.py", *session.posargs)
+
+
+@nox.session(name="bench-serving")
+def bench_serving(session: nox.Session) -> None:
+    """Serving overhead: in-process mlx-lm versus a real `trexo run` (TTFT, decode, aggregate)."""
+    session.run(PYTHON, "bench/bench_serving.py", *session.posargs)

@@ -47,3 +47,29 @@ def markdown_table(rows: dict[str, dict[str, float]]) -> str:
             f" | {s['max_ms']:.1f} ms | {s['n']} |"
         )
     return "\n".join(lines)
+
+
+def describe(samples: Sequence[float], unit: str, digits: int = 1) -> dict[str, Any]:
+    """Median, min and max of `samples` in their own `unit` (rates, ratios, differences).
+
+    `digits` is how many decimals `markdown_value_table` shows.
+    """
+    ordered = sorted(samples)
+    return {
+        "n": len(ordered),
+        "unit": unit,
+        "digits": digits,
+        "median": statistics.median(ordered),
+        "min": ordered[0],
+        "max": ordered[-1],
+    }
+
+
+def markdown_value_table(rows: dict[str, dict[str, Any]]) -> str:
+    """A table of `describe` rows: the unit follows each value."""
+    lines = ["| measure | median | min | max | n |", "|---|---:|---:|---:|---:|"]
+    for name, s in rows.items():
+        unit = f" {s['unit']}" if s["unit"] else ""
+        cells = [f"{s[key]:.{s['digits']}f}{unit}" for key in ("median", "min", "max")]
+        lines.append(f"| {name} | {' | '.join(cells)} | {s['n']} |")
+    return "\n".join(lines)

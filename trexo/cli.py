@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=API_PORT,
         help="API port (default: %(default)s; 0 picks a free one)",
     )
+    _add_cluster_options(run)
     _add_common(run)
 
     demo = commands.add_parser(
@@ -79,6 +80,67 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     _add_common(demo)
     return parser
+
+
+def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    from trexo.config import (
+        CLUSTER_SECRET_ENV,
+        DEFAULT_NAMESPACE,
+        DEFAULT_PEER_HOST,
+        DISCOVERY_PORT,
+        PEER_PORT,
+    )
+
+    cluster = parser.add_argument_group(
+        "cluster",
+        "Nodes find each other by UDP multicast on the LAN and by --peer addresses, link over "
+        "the peer port, and elect one master. A node alone is a cluster of one.",
+    )
+    cluster.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="a peer to link to (repeatable); peers of peers are found by themselves",
+    )
+    cluster.add_argument(
+        "--peer-host",
+        default=DEFAULT_PEER_HOST,
+        help="peer port bind address (default: %(default)s)",
+    )
+    cluster.add_argument(
+        "--peer-port", type=int, default=PEER_PORT, help="peer port (default: %(default)s)"
+    )
+    cluster.add_argument(
+        "--discovery-port",
+        type=int,
+        default=DISCOVERY_PORT,
+        help="UDP multicast discovery port (default: %(default)s)",
+    )
+    cluster.add_argument(
+        "--no-multicast", action="store_true", help="find peers through --peer only"
+    )
+    cluster.add_argument(
+        "--namespace",
+        default=DEFAULT_NAMESPACE,
+        help="only nodes of the same namespace form a cluster (default: %(default)s)",
+    )
+    cluster.add_argument(
+        "--cluster-secret",
+        default=os.environ.get(CLUSTER_SECRET_ENV),
+        help=f"peers must prove they know it (HMAC); default ${CLUSTER_SECRET_ENV}",
+    )
+    cluster.add_argument(
+        "--force-master", action="store_true", help="this node always wins elections"
+    )
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +182,7 @@ def demo_model_command(args: argparse.Namespace) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     from trexo import catalog
-    from trexo.config import ApiConfig
+    from trexo.config import ApiConfig, DiscoveryConfig, TransportConfig
     from trexo.errors import ModelNotFound
     from trexo.node import NodeConfig
 
@@ -138,6 +200,18 @@ def run_command(args: argparse.Namespace) -> int:
     config = NodeConfig(
         paths=_paths(args),
         api=ApiConfig(host=args.api_host, port=args.api_port),
+        transport=TransportConfig(
+            host=args.peer_host,
+            port=args.peer_port,
+            namespace=args.namespace,
+            secret=args.cluster_secret.encode() if args.cluster_secret else None,
+        ),
+        discovery=DiscoveryConfig(
+            static_peers=tuple(args.peer),
+            multicast=not args.no_multicast,
+            discovery_port=args.discovery_port,
+        ),
+        force_master=args.force_master,
         default_model=default,
         extra_models=tuple(extra),
     )

@@ -200,3 +200,136 @@ class ApiConfig:
     max_body_bytes: int = API_MAX_BODY_BYTES
     body_timeout: float = API_BODY_TIMEOUT_S
     keepalive_interval: float = API_KEEPALIVE_INTERVAL_S
+
+
+# --- peer transport --------------------------------------------------------------------------
+
+DEFAULT_PEER_HOST = "0.0.0.0"
+"""Peers must reach each other across the LAN, so the peer port listens on every interface."""
+PEER_PORT = 52416
+"""The peer (node-to-node websocket) port, next to the API's."""
+DEFAULT_NAMESPACE = "trexo"
+"""Nodes link only to nodes of the same namespace: several clusters can share a LAN."""
+CLUSTER_SECRET_ENV = "TREXO_CLUSTER_SECRET"
+"""Environment variable holding the cluster secret (the CLI's `--cluster-secret` wins)."""
+PROTOCOL_VERSION = 1
+"""Version of the peer protocol (handshake and envelopes); peers must agree exactly."""
+HEARTBEAT_INTERVAL_S = 0.4
+"""A link pings its peer this often (measured from ping to ping)."""
+HEARTBEAT_TIMEOUT_S = 0.4
+"""A ping not answered within this long is a miss."""
+HEARTBEAT_MISSES = 2
+"""Consecutive misses that close a link: a frozen peer is noticed within
+`misses * interval + timeout` = 1.2 s with these defaults (`TransportConfig.frozen_peer_bound`)."""
+HANDSHAKE_TIMEOUT_S = 5.0
+"""Bound on TCP connect + websocket upgrade + hello/proof/ready; slower is closed."""
+SEND_TIMEOUT_S = 5.0
+"""Bound on handing one message to a peer's socket; a peer this stuck loses its link."""
+CLOSE_TIMEOUT_S = 1.0
+"""Bound on a websocket's closing handshake before the TCP connection is just dropped."""
+MAX_MESSAGE_BYTES = MAX_FRAME_BYTES
+"""A peer message larger than this is dropped (and counts as garbage)."""
+HARD_MESSAGE_BYTES_FACTOR = 4
+"""trio-websocket buffers a message whole before we see it; past `factor * max_message_bytes`
+it closes the link (code 1009) rather than buffer more."""
+PEER_MESSAGE_QUEUE = 64
+"""Messages trio-websocket buffers per link before its reader (and so its pong replies) waits."""
+GARBAGE_LIMIT = 20
+"""More bad messages than this from one peer within `GARBAGE_WINDOW_S` disconnects it."""
+GARBAGE_WINDOW_S = 10.0
+
+
+@attrs.frozen
+class TransportConfig:
+    """The peer port, the handshake's identity checks, and the limits and timeouts of links."""
+
+    host: str = DEFAULT_PEER_HOST
+    port: int = PEER_PORT
+    """0 picks a free port; `Transport.run` reports the bound port."""
+    namespace: str = DEFAULT_NAMESPACE
+    secret: bytes | None = attrs.field(default=None, repr=False)
+    """Cluster secret: with one, peers must prove they know it (HMAC challenge-response).
+    Never logged (not in the repr) and never sent."""
+    protocol_version: int = PROTOCOL_VERSION
+    heartbeat_interval: float = HEARTBEAT_INTERVAL_S
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
+    heartbeat_misses: int = HEARTBEAT_MISSES
+    handshake_timeout: float = HANDSHAKE_TIMEOUT_S
+    send_timeout: float = SEND_TIMEOUT_S
+    close_timeout: float = CLOSE_TIMEOUT_S
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    garbage_limit: int = GARBAGE_LIMIT
+    garbage_window: float = GARBAGE_WINDOW_S
+    message_queue: int = PEER_MESSAGE_QUEUE
+
+    @property
+    def hard_message_bytes(self) -> int:
+        """Past this size trio-websocket closes the link instead of handing us the message."""
+        return self.max_message_bytes * HARD_MESSAGE_BYTES_FACTOR
+
+    @property
+    def frozen_peer_bound(self) -> float:
+        """The longest a frozen peer can stay linked (heartbeats only, no other traffic)."""
+        # The first ping the frozen peer fails to answer leaves at most one period after it
+        # froze; the link closes when the `misses`-th consecutive one times out.
+        period = max(self.heartbeat_interval, self.heartbeat_timeout)
+        return self.heartbeat_misses * period + self.heartbeat_timeout
+
+
+# --- discovery -------------------------------------------------------------------------------
+
+DISCOVERY_PORT = 52417
+"""UDP port of the multicast beacons."""
+MULTICAST_GROUP = "239.255.52.17"
+"""An organisation-local (RFC 2365) group: beacons never leave the site."""
+MULTICAST_TTL = 1
+"""Beacons stay on the local network segment."""
+MULTICAST_INTERFACE = "0.0.0.0"
+"""The interface beacons go out of and are heard on; 0.0.0.0 lets the kernel choose."""
+BEACON_INTERVAL_S = 1.0
+"""How often a node announces itself."""
+REDIAL_BACKOFF_INITIAL_S = 0.2
+"""First pause before re-dialling a static peer that was lost or unreachable."""
+REDIAL_BACKOFF_MAX_S = 5.0
+REDIAL_BACKOFF_FACTOR = 2.0
+
+
+@attrs.frozen
+class DiscoveryConfig:
+    """How a node finds peers: static `--peer HOST:PORT` addresses, and multicast beacons."""
+
+    static_peers: tuple[tuple[str, int], ...] = ()
+    multicast: bool = True
+    discovery_port: int = DISCOVERY_PORT
+    multicast_group: str = MULTICAST_GROUP
+    multicast_ttl: int = MULTICAST_TTL
+    multicast_interface: str = MULTICAST_INTERFACE
+    beacon_interval: float = BEACON_INTERVAL_S
+    redial_initial: float = REDIAL_BACKOFF_INITIAL_S
+    redial_max: float = REDIAL_BACKOFF_MAX_S
+    redial_factor: float = REDIAL_BACKOFF_FACTOR
+
+    def redial_delay(self, attempt: int) -> float:
+        """Pause before re-dial number `attempt` (1-based) of one static peer."""
+        return min(self.redial_max, self.redial_initial * self.redial_factor ** (attempt - 1))
+
+
+# --- election --------------------------------------------------------------------------------
+
+ELECTION_BOOT_GRACE_S = 0.3
+"""A booting node waits this long for a peer to tell it the cluster's session before it
+campaigns; links that come up later than this meet a session of its own (see the election's
+solo rule)."""
+ELECTION_CAMPAIGN_WINDOW_S = 0.5
+"""Longest a campaign waits for a silent peer; it ends as soon as every linked peer answered."""
+FORCE_MASTER_SENIORITY = 1 << 40
+"""`--force-master`: a seniority no number of won rounds can reach, so the node always wins."""
+
+
+@attrs.frozen
+class ElectionConfig:
+    """Timing of the election and the seniority `--force-master` claims."""
+
+    boot_grace: float = ELECTION_BOOT_GRACE_S
+    campaign_window: float = ELECTION_CAMPAIGN_WINDOW_S
+    force_master_seniority: int = FORCE_MASTER_SENIORITY

@@ -71,3 +71,22 @@ class CommandRefused(ClusterError):
 
 class GenerationFailed(ClusterError):
     """A generation ended in error (its runner failed, or the session ended)."""
+
+
+class LinkError(TrexoError):
+    """A link to a peer node could not be set up."""
+
+
+class PeerRefused(LinkError):
+    """The handshake refused the link (namespace, version, secret, self-link); `reason` says why."""
+
+    def __init__(self, reason: str, code: str = "refused", *, by_peer: bool = True) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+        self.by_peer = by_peer
+        """True if the peer refused us; False if this node refused the peer."""
+
+
+class DialFailed(LinkError):
+    """The peer could not be reached, or the handshake broke off or did not finish in time."""

@@ -23,15 +23,25 @@ from trexo import catalog
 from trexo.api.app import create_app
 from trexo.api.server import ApiServer
 from trexo.cluster_client import ClusterClient, SessionTracker
-from trexo.config import ApiConfig, Paths, RestartPolicy, RunnerConfig
+from trexo.config import (
+    ApiConfig,
+    DiscoveryConfig,
+    ElectionConfig,
+    Paths,
+    RestartPolicy,
+    RunnerConfig,
+    TransportConfig,
+)
 from trexo.default_model import DefaultModel
 from trexo.election import Election
 from trexo.identity import load_or_create_node_id
 from trexo.lifecycle import SessionSupervisor
 from trexo.master.service import Master
+from trexo.net.discovery import Discovery
 from trexo.net.router import Router
 from trexo.net.stream_hub import StreamHub
-from trexo.trace import trace
+from trexo.net.transport import Transport
+from trexo.trace import trace, tracing
 from trexo.types.ids import InstanceId, NodeId
 from trexo.types.models import ModelRef
 from trexo.types.session import Session
@@ -47,6 +57,11 @@ class NodeConfig:
 
     paths: Paths = Paths()
     api: ApiConfig = ApiConfig()
+    transport: TransportConfig = TransportConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    election: ElectionConfig = ElectionConfig()
+    force_master: bool = False
+    """Claim top seniority: this node wins every election it takes part in."""
     runner: RunnerConfig = RunnerConfig()
     restart: RestartPolicy = RestartPolicy()
     default_model: ModelRef | None = None
@@ -76,10 +91,19 @@ class Node:
         self.hub = StreamHub(self.router)
         self.client = ClusterClient(self.router, self.hub, self.sessions, self._catalog)
         self.api_url: str | None = None
+        self.peer_port: int | None = None
+        self._master: Master | None = None
+        self._last_commands_seen = 0
 
     def _model_ready(self, model: ModelRef, instance_id: InstanceId) -> None:
         if self._on_model_ready is not None and self.api_url is not None:
             self._on_model_ready(model, instance_id, self.api_url)
+
+    def _commands_seen(self) -> int:
+        """The election's tie-break: how much of the cluster's history this node has seen."""
+        if self._master is not None:
+            self._last_commands_seen = max(self._last_commands_seen, self._master.commands_seen)
+        return max(self._last_commands_seen, self.sessions.state().last_index + 1)
 
     def _catalog(self) -> list[ModelRef]:
         return [*catalog.builtin_models(), *self.config.extra_models]
@@ -92,16 +116,27 @@ class Node:
         sessions_send, sessions_receive = trio.open_memory_channel[Session](math.inf)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._relay_sessions, decided_receive, sessions_send)
+            if tracing():
+                nursery.start_soon(self._trace_membership)
             await nursery.start(self.hub.run)
+            transport = Transport(self.router, self.config.transport)
+            self.peer_port = await nursery.start(transport.run)
             app = create_app(self.client, self.config.api)
             self.api_url = await nursery.start(ApiServer(app, self.config.api).run)
             supervisor = SessionSupervisor(
                 sessions_receive, self._generation, policy=self.config.restart
             )
             await nursery.start(supervisor.run)
-            await nursery.start(
-                Election(self.router, self.config.paths.data_dir, decided_send).run
+            election = Election(
+                self.router,
+                self.config.paths.data_dir,
+                decided_send,
+                config=self.config.election,
+                commands_seen=self._commands_seen,
+                force_master=self.config.force_master,
             )
+            await nursery.start(election.run)
+            await nursery.start(Discovery(transport, self.config.discovery).run)
             if self.config.default_model is not None:
                 default = DefaultModel(
                     self.client, self.sessions, self.config.default_model, self._model_ready
@@ -110,6 +145,16 @@ class Node:
             log.info("node %s serving the API on %s", self.node_id, self.api_url)
             assert self.api_url is not None
             task_status.started(NodeStarted(self.node_id, self.api_url))
+
+    async def _trace_membership(self) -> None:
+        peers = self.router.peers
+        while True:
+            now = await self.router.wait_peers_change(peers)
+            for lost in peers - now:
+                trace(self.node_id, "peer_lost", peer=lost)
+            for joined in now - peers:
+                trace(self.node_id, "peer_joined", peer=joined)
+            peers = now
 
     async def _relay_sessions(
         self,
@@ -138,6 +183,7 @@ class Node:
                         self.router, session, paths.events_dir, self.sessions.last_state
                     )
                     await generation.start(master.run)
+                    self._master = master
                 view = StateView(self.router, session)
                 await generation.start(view.run)
                 worker = Worker(
@@ -155,5 +201,7 @@ class Node:
                 trace(self.node_id, "generation_started", clock=session.clock)
                 task_status.started()
         finally:
+            self._commands_seen()  # remember the count before the master goes
+            self._master = None
             self.sessions.set_session(None, None)
             self.hub.fail_all_streams(f"session {session.clock} ended")

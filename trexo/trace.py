@@ -17,6 +17,10 @@ TRACE_FILE_ENV = "TREXO_TRACE_FILE"
 _path = os.environ.get(TRACE_FILE_ENV)
 
 
+def tracing() -> bool:
+    return _path is not None
+
+
 def trace(node_id: str, event: str, **fields: Any) -> None:
     """Record `event` for `node_id` now (no-op when tracing is off)."""
     if _path is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -18,6 +17,8 @@ import trio
 START_TIMEOUT_S = 120.0
 """Generous: building the demo model and loading it takes about a second here."""
 STOP_TIMEOUT_S = 15.0
+ISOLATED = ("--api-port", "0", "--peer-host", "127.0.0.1", "--peer-port", "0", "--no-multicast")
+"""Tests stay on loopback and never beacon to the LAN; later arguments override these."""
 URL = re.compile(r"https?://[^\s/]+")
 
 
@@ -26,7 +27,6 @@ class TrexoProcess:
     process: trio.Process
     data_dir: Path
     url: str = ""
-    stdout_lines: list[str] = attrs.field(factory=list)
 
     @property
     def pid(self) -> int:
@@ -50,53 +50,35 @@ class TrexoProcess:
 async def run_trexo(
     data_dir: Path, *args: str, env: dict[str, str] | None = None
 ) -> AsyncIterator[TrexoProcess]:
-    """Start `trexo run --api-port 0 ARGS`, wait for its ready line, stop it afterwards."""
+    """Start `trexo run ARGS` (isolated on loopback), wait for its ready line, stop it after.
+
+    Output goes to files, not pipes, so nothing has to keep reading while the test runs
+    (and no nursery has to outlive this block: clusters start and stop nodes in any order).
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
-    log_file = (data_dir / "node.log").open("ab")
-    command = [
-        sys.executable,
-        "-m",
-        "trexo",
-        "run",
-        "--api-port",
-        "0",
-        "--data-dir",
-        str(data_dir),
-        *args,
-    ]
-    process = await trio.lowlevel.open_process(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=log_file,
-        env={**os.environ, **(env or {})},
-    )
+    stdout_path = data_dir / "stdout.log"
+    stdout_path.write_text("")
+    command = [sys.executable, "-m", "trexo", "run", "--data-dir", str(data_dir), *ISOLATED, *args]
+    with (data_dir / "node.log").open("ab") as log_file, stdout_path.open("ab") as stdout:
+        process = await trio.lowlevel.open_process(
+            command, stdout=stdout, stderr=log_file, env={**os.environ, **(env or {})}
+        )
     node = TrexoProcess(process, data_dir)
     try:
-        async with trio.open_nursery() as nursery:
-            ready = trio.Event()
-            nursery.start_soon(_read_stdout, node, ready)
-            with trio.fail_after(START_TIMEOUT_S):
-                await ready.wait()
-            yield node
-            nursery.cancel_scope.cancel()
+        with trio.fail_after(START_TIMEOUT_S):
+            while not node.url:
+                if process.returncode is not None:
+                    raise RuntimeError(
+                        f"trexo exited with {process.returncode}: {node.log_text()[-2000:]}"
+                    )
+                for line in stdout_path.read_text(errors="replace").splitlines():
+                    if line.startswith("trexo is ready") and (match := URL.search(line)):
+                        node.url = match.group(0)
+                await trio.sleep(0.02)
+        yield node
     finally:
         with trio.CancelScope(shield=True):
             await stop(node)
-            log_file.close()
-
-
-async def _read_stdout(node: TrexoProcess, ready: trio.Event) -> None:
-    assert node.process.stdout is not None
-    buffer = b""
-    async for data in node.process.stdout:
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            text = line.decode(errors="replace")
-            node.stdout_lines.append(text)
-            if text.startswith("trexo is ready") and (match := URL.search(text)):
-                node.url = match.group(0)
-                ready.set()
 
 
 async def stop(node: TrexoProcess, sig: int = signal.SIGTERM) -> None:

@@ -105,10 +105,14 @@ class Router:
     # --- the transport's side ---------------------------------------------------------------
 
     def attach_link(self, node_id: NodeId, link: PeerLink) -> None:
+        """Route messages for `node_id` through `link` (replacing any previous link to it)."""
+        joined = node_id not in self._links
         self._links[node_id] = link
-        self._notify_peers_changed()
+        if joined:
+            self._notify_peers_changed()
 
     def detach_link(self, node_id: NodeId, link: PeerLink) -> None:
+        """Forget `link`; a no-op if `node_id` is now routed through another link."""
         if self._links.get(node_id) is link:
             del self._links[node_id]
             self._notify_peers_changed()
@@ -116,11 +120,20 @@ class Router:
     # --- membership ---------------------------------------------------------------------------
 
     def _notify_peers_changed(self) -> None:
+        # One event per generation of the peer set: waiters of the old one wake, later
+        # waiters wait on the fresh one.
         self._peers_changed.set()
         self._peers_changed = trio.Event()
 
     async def wait_peers_change(self, previous: frozenset[NodeId]) -> frozenset[NodeId]:
-        """Return the linked peers as soon as they differ from `previous`."""
-        while self.peers == previous:
+        """Wait until the set of linked peers differs from `previous`; return the new set.
+
+        Returns at once if it already differs, so a caller that loops
+        `peers = await router.wait_peers_change(peers)` misses no change. It wakes in the same
+        scheduling step as the transport's `attach_link`/`detach_link`: a peer whose socket
+        closed is reported within milliseconds. A link replaced by another to the same peer
+        (duplicate resolution) is no change. The wait is unbounded: bound it at the caller.
+        """
+        while (current := self.peers) == previous:
             await self._peers_changed.wait()
-        return self.peers
+        return current

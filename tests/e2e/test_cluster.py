@@ -1,0 +1,284 @@
+"""Separate `trexo run` processes on loopback (static peers, isolated data dirs) as one cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+import openai
+import psutil
+import trio
+
+from trexo.runner.hooks import HOOKS_ENV
+
+from .cluster import Cluster, ClusterNode, open_cluster
+from .harness import stop
+
+MODEL = "trexo-demo-tiny"
+MESSAGES = [{"role": "user", "content": "What is a generator?"}]
+TIMEOUT_S = 60.0
+FAILOVER_BOUND_S = 15.0
+"""Generous: catches hangs only; bench-election measures the real figures."""
+KILL_CYCLES = 20
+
+
+async def master_of(cluster: Cluster) -> ClusterNode:
+    session = await cluster.wait_converged()
+    return cluster.by_id(session["master_id"])
+
+
+async def wait_new_master(cluster: Cluster, old_master_id: str) -> dict[str, object]:
+    with trio.fail_after(FAILOVER_BOUND_S):
+        while True:
+            session = await cluster.wait_converged(timeout=FAILOVER_BOUND_S)
+            if session["master_id"] != old_master_id:
+                return session
+            await trio.sleep(0.05)
+
+
+async def place(cluster: Cluster, via: ClusterNode, node: ClusterNode) -> str:
+    response = await cluster.http.post(
+        f"{via.url}/instances", json={"model": MODEL, "node_id": node.node_id}
+    )
+    assert response.status_code == 201, response.text
+    instance_id: str = response.json()["instance_id"]
+    return instance_id
+
+
+async def wait_instance_ready(cluster: Cluster, node: ClusterNode) -> None:
+    with trio.fail_after(TIMEOUT_S):
+        while True:
+            state = (await cluster.http.get(f"{node.url}/state")).json()
+            if any(r["status"]["type"] == "RunnerReady" for r in state["runners"].values()):
+                return
+            await trio.sleep(0.05)
+
+
+async def greedy_text(node: ClusterNode, **extra: object) -> str:
+    client = openai.AsyncOpenAI(base_url=f"{node.url}/v1", api_key="x", max_retries=0)
+    text = ""
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=20,
+        stream=True,
+        **extra,  # type: ignore[arg-type]
+    )
+    async for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+    return text
+
+
+async def test_three_nodes_converge_on_one_master_and_agree_on_state(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        for _ in range(3):
+            await cluster.add("--no-model")
+        session = await cluster.wait_converged(expect_nodes=3)
+        masters = [h for n in cluster.nodes if (h := await cluster.health(n)) and h["is_master"]]
+        assert len(masters) == 1
+        assert masters[0]["node_id"] == session["master_id"]
+        with trio.fail_after(TIMEOUT_S):
+            while True:
+                states = [(await cluster.http.get(f"{n.url}/state")).json() for n in cluster.nodes]
+                if all(s == states[0] for s in states):
+                    break
+                await trio.sleep(0.05)
+        assert set(states[0]["nodes"]) == {n.node_id for n in cluster.nodes}
+
+
+async def test_sigkill_of_the_master_elects_a_new_one_that_takes_commands(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        for _ in range(3):
+            await cluster.add("--no-model")
+        master = await master_of(cluster)
+        old = master.node_id
+        assert master.process is not None
+        os.kill(master.process.pid, signal.SIGKILL)
+        await master.process.process.wait()
+        session = await wait_new_master(cluster, old)
+        survivor = cluster.live()[0]
+        assert session["master_id"] in {n.node_id for n in cluster.live()}
+        state = (await cluster.http.get(f"{survivor.url}/state")).json()
+        assert old not in state["nodes"]
+        instance_id = await place(cluster, survivor, cluster.live()[-1])
+        assert instance_id
+
+
+async def test_a_frozen_master_is_replaced_and_demotes_itself_on_return(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        for _ in range(3):
+            await cluster.add("--no-model")
+        master = await master_of(cluster)
+        old = master.node_id
+        assert master.process is not None
+        os.kill(master.process.pid, signal.SIGSTOP)
+        try:
+            others = [n for n in cluster.nodes if n is not master]
+            with trio.fail_after(FAILOVER_BOUND_S):
+                while True:
+                    healths = [await cluster.health(n) for n in others]
+                    masters = {h["session"]["master_id"] for h in healths if h and h["session"]}
+                    if (
+                        len(masters) == 1
+                        and old not in masters
+                        and all(h and h["session"] for h in healths)
+                    ):
+                        break
+                    await trio.sleep(0.05)
+        finally:
+            os.kill(master.process.pid, signal.SIGCONT)
+        session = await cluster.wait_converged(expect_nodes=3)
+        assert session["master_id"] != old
+        healths = [await cluster.health(n) for n in cluster.nodes]
+        assert sum(1 for h in healths if h and h["is_master"]) == 1
+
+
+async def test_a_fourth_node_joining_does_not_change_the_master(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        for _ in range(3):
+            await cluster.add("--no-model")
+        before = await cluster.wait_converged(expect_nodes=3)
+        await cluster.add("--no-model")
+        after = await cluster.wait_converged(expect_nodes=4)
+        assert after == before
+
+
+async def test_a_model_placed_on_one_node_is_served_through_another(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        a = await cluster.add("--no-model")
+        b = await cluster.add("--no-model")
+        await cluster.wait_converged(expect_nodes=2)
+        await place(cluster, a, b)
+        await wait_instance_ready(cluster, a)
+        with trio.fail_after(TIMEOUT_S):
+            through_a = await greedy_text(a)
+            through_b = await greedy_text(b)
+        assert through_a == through_b
+        assert through_a
+
+
+async def test_failover_with_a_loaded_runner_leaves_no_runner_and_serves_again(
+    tmp_path: Path,
+) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        slow = {HOOKS_ENV: "step_delay=0.05"}
+        for _ in range(3):
+            await cluster.add("--no-model", env=slow)
+        master = await master_of(cluster)
+        worker = next(n for n in cluster.nodes if n is not master)
+        entry = next(n for n in cluster.nodes if n is not master and n is not worker)
+        await place(cluster, entry, worker)
+        await wait_instance_ready(cluster, entry)
+        assert worker.process is not None and master.process is not None
+        old_runners = worker.process.runner_pids()
+        assert old_runners
+        client = openai.AsyncOpenAI(base_url=f"{entry.url}/v1", api_key="x", max_retries=0)
+        with trio.fail_after(TIMEOUT_S):
+            stream = await client.chat.completions.create(
+                model=MODEL,
+                messages=MESSAGES,
+                max_tokens=2000,
+                stream=True,  # type: ignore[arg-type]
+            )
+            ended_with_error = False
+            try:
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content and master.alive:
+                        os.kill(master.process.pid, signal.SIGKILL)
+                        await master.process.process.wait()
+            except openai.APIError:
+                ended_with_error = True
+        assert ended_with_error, "the stream of the old session should end with an error"
+        await wait_new_master(cluster, master.node_id)
+        with trio.fail_after(FAILOVER_BOUND_S):
+            while any(psutil.pid_exists(p) for p in old_runners):
+                await trio.sleep(0.05)
+        # The instance is carried into the new session (or placed again) and serves.
+        with trio.fail_after(TIMEOUT_S):
+            while True:
+                state = (await cluster.http.get(f"{entry.url}/state")).json()
+                if not state["instances"]:
+                    await place(cluster, entry, worker)
+                if any(r["status"]["type"] == "RunnerReady" for r in state["runners"].values()):
+                    break
+                await trio.sleep(0.1)
+            assert await greedy_text(entry)
+
+
+async def test_twenty_master_kills_leak_nothing(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        for _ in range(3):
+            await cluster.add("--no-model")
+        await cluster.wait_converged(expect_nodes=3)
+        fds_before = {
+            n.name: psutil.Process(n.process.pid).num_fds() for n in cluster.nodes if n.process
+        }
+        for _ in range(KILL_CYCLES):
+            master = await master_of(cluster)
+            assert master.process is not None
+            os.kill(master.process.pid, signal.SIGKILL)
+            await cluster.stop(master)
+            await wait_new_master(cluster, master.node_id)
+            await cluster.start(master)
+            await cluster.wait_converged(expect_nodes=3)
+        for node in cluster.nodes:
+            assert node.process is not None
+            if node.name in fds_before and node.process.process.returncode is None:
+                # A node that lived through every cycle must not have grown its fd table.
+                now = psutil.Process(node.process.pid).num_fds()
+                assert now <= fds_before[node.name] + 8, (node.name, fds_before[node.name], now)
+            log = node.process.log_text()
+            assert "Traceback" not in log, log[-3000:]
+
+
+async def test_peers_with_the_wrong_namespace_or_secret_are_refused(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        seed = await cluster.add("--no-model", "--cluster-secret", "s3cret")
+        stranger = await cluster.add(
+            "--no-model", "--namespace", "elsewhere", "--cluster-secret", "s3cret"
+        )
+        impostor = await cluster.add("--no-model", "--cluster-secret", "wrong")
+        friend = await cluster.add("--no-model", "--cluster-secret", "s3cret")
+        with trio.fail_after(TIMEOUT_S):
+            while (h := await cluster.health(seed)) is None or h["nodes"] < 2:
+                await trio.sleep(0.05)
+        await trio.sleep(1.0)  # time for the refused ones to have tried
+        seen = set((await cluster.http.get(f"{seed.url}/state")).json()["nodes"])
+        assert seen == {seed.node_id, friend.node_id}
+        assert (
+            seed.process is not None
+            and stranger.process is not None
+            and impostor.process is not None
+        )
+        log = seed.process.log_text()
+        assert "namespace" in log and "elsewhere" in log
+        assert "secret" in log or "HMAC" in log
+        assert "namespace" in stranger.process.log_text()
+
+
+async def test_garbage_on_the_peer_port_is_dropped_and_the_node_keeps_working(
+    tmp_path: Path,
+) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        node = await cluster.add("--no-model")
+        for payload in (b"\x00\xff" * 5000, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", os.urandom(4096)):
+            with socket.create_connection(("127.0.0.1", node.peer_port), timeout=5) as sock:
+                sock.sendall(payload)
+        peer = await cluster.add("--no-model")
+        await cluster.wait_converged(expect_nodes=2)
+        assert (await cluster.health(node)) is not None
+        assert peer.alive and node.alive
+
+
+async def test_sigint_with_peers_exits_cleanly(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        a = await cluster.add("--no-model")
+        await cluster.add("--no-model")
+        await cluster.wait_converged(expect_nodes=2)
+        assert a.process is not None
+        await stop(a.process, signal.SIGINT)
+        assert a.process.process.returncode == 0
+        await cluster.wait_converged(expect_nodes=1)

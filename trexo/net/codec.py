@@ -1,0 +1,73 @@
+"""Envelopes on a peer link: one websocket text message each (pure logic).
+
+    {"topic": "election", "sender": "<node id>", "payload": {"type": "Campaign", ...}}
+
+The payload is the topic's union (`payload_type`) as tagged JSON. One more topic, `peers`,
+is the link's own: it carries gossip (`PeerList`) for the transport and never reaches the
+router. Decoding raises only `WireError`s: the link drops the message and logs why.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trexo import wire
+from trexo.errors import FrameTooLarge, MalformedMessage
+from trexo.net.gossip import PeerList
+from trexo.net.router import Envelope
+from trexo.net.topics import Topic, payload_type
+from trexo.types.ids import NodeId
+
+PEERS_TOPIC = "peers"
+"""The link-level topic of gossip; not a router `Topic`."""
+ENVELOPE_FIELDS = frozenset({"topic", "sender", "payload"})
+
+
+def encode_envelope(envelope: Envelope) -> str:
+    """The text message for a router envelope."""
+    payload = wire.to_json(envelope.payload, payload_type(envelope.topic)).decode()
+    return _frame(envelope.topic.value, envelope.sender, payload)
+
+
+def encode_peer_list(sender: NodeId, peers: PeerList) -> str:
+    """The text message for a gossip list."""
+    return _frame(PEERS_TOPIC, sender, wire.to_json(peers, PeerList).decode())
+
+
+def _frame(topic: str, sender: NodeId, payload_json: str) -> str:
+    # Spliced rather than re-parsed: the payload is already JSON from the converter.
+    return f'{{"topic":{json.dumps(topic)},"sender":{json.dumps(sender)},"payload":{payload_json}}}'
+
+
+def decode_message(message: str | bytes, *, sender: NodeId, max_bytes: int) -> Envelope | PeerList:
+    """Decode one message that arrived from peer `sender`."""
+    if isinstance(message, bytes):
+        raise MalformedMessage(f"binary message of {len(message)} bytes; peers send text")
+    # Our JSON is ASCII (json.dumps escapes the rest), so characters count bytes.
+    if len(message) > max_bytes:
+        raise FrameTooLarge(f"message of {len(message)} bytes exceeds the limit of {max_bytes}")
+    try:
+        raw = json.loads(message)
+    except ValueError as exc:
+        raise MalformedMessage(f"not valid JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.keys() != ENVELOPE_FIELDS:
+        raise MalformedMessage(
+            f"not an envelope: expected an object with {sorted(ENVELOPE_FIELDS)}"
+        )
+    if raw["sender"] != sender:
+        raise MalformedMessage(f"envelope sender {raw['sender']!r} is not the peer {sender!r}")
+    topic_name = raw["topic"]
+    if topic_name == PEERS_TOPIC:
+        peers: PeerList = _payload(raw["payload"], PeerList)
+        return peers
+    try:
+        topic = Topic(topic_name)
+    except ValueError:
+        raise MalformedMessage(f"unknown topic {topic_name!r}") from None
+    return Envelope(topic, sender, _payload(raw["payload"], payload_type(topic)))
+
+
+def _payload(raw: Any, as_type: Any) -> Any:
+    # `from_json` gives the precise error messages; the re-dump costs microseconds.
+    return wire.from_json(json.dumps(raw), as_type)

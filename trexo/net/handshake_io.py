@@ -1,0 +1,108 @@
+"""Drives the handshake of `trexo.net.handshake` over a websocket (the thin I/O side).
+
+Both drivers return (our hello, the peer's hello) once the link is agreed, or raise
+`PeerRefused` (`by_peer` says which side refused; a refusal of ours has been sent to the
+peer) or `DialFailed` (the connection broke, or the peer spoke out of turn). Timeouts are
+the caller's: it bounds the whole handshake.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import suppress
+from typing import NoReturn, TypeVar
+
+import attrs
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
+from trexo import wire
+from trexo.errors import DialFailed, PeerRefused, WireError
+from trexo.net import handshake as hs
+from trexo.net.gossip import PeerInfo
+
+M = TypeVar("M", hs.Hello, hs.Proof, hs.Ready)
+
+
+async def dial_handshake(
+    ws: WebSocketConnection, me: hs.Identity, peers: tuple[PeerInfo, ...]
+) -> tuple[hs.Hello, hs.Hello]:
+    """The dialler's side."""
+    ours = me.hello(peers)
+    await _send(ws, ours)
+    theirs = await _receive(ws, hs.Hello, me)
+    refusal = hs.check_hello(me, theirs) or hs.check_proof(
+        me.secret, hs.ACCEPTOR, ours, theirs, theirs.proof
+    )
+    if refusal is not None:
+        await _refuse(ws, refusal)
+    await _send(ws, hs.Proof(hs.make_proof(me.secret, hs.DIALER, ours, theirs)))
+    await _receive(ws, hs.Ready, me)
+    return ours, theirs
+
+
+async def accept_handshake(
+    ws: WebSocketConnection, me: hs.Identity, peers: tuple[PeerInfo, ...]
+) -> tuple[hs.Hello, hs.Hello]:
+    """The acceptor's side."""
+    theirs = await _receive(ws, hs.Hello, me)
+    refusal = hs.check_hello(me, theirs)
+    if refusal is not None:
+        await _refuse(ws, refusal)
+    ours = me.hello(peers)
+    # The transcript covers ids and nonces, not the proof, so the hello can sign itself.
+    ours = attrs.evolve(ours, proof=hs.make_proof(me.secret, hs.ACCEPTOR, theirs, ours))
+    await _send(ws, ours)
+    proof = await _receive(ws, hs.Proof, me)
+    refusal = hs.check_proof(me.secret, hs.DIALER, theirs, ours, proof.proof)
+    if refusal is not None:
+        await _refuse(ws, refusal)
+    await _send(ws, hs.Ready())
+    return ours, theirs
+
+
+async def _send(ws: WebSocketConnection, message: hs.HandshakeMessage) -> None:
+    try:
+        await ws.send_message(wire.to_json(message, hs.HandshakeMessage).decode())
+    except ConnectionClosed as exc:
+        raise DialFailed(f"connection closed during the handshake ({_why(exc)})") from None
+
+
+async def _receive(ws: WebSocketConnection, expected: type[M], me: hs.Identity) -> M:
+    """The next handshake message, which must be an `expected` (or a refusal)."""
+    try:
+        text = await ws.get_message()
+    except ConnectionClosed as exc:
+        raise DialFailed(f"connection closed during the handshake ({_why(exc)})") from None
+    if not isinstance(text, str):
+        await _refuse(ws, hs.Refusal(hs.PROTOCOL, "binary message during the handshake"))
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        await _refuse(ws, hs.Refusal(hs.PROTOCOL, "handshake message is not valid JSON"))
+    refusal = hs.check_version(raw, me.version)
+    if refusal is not None:
+        await _refuse(ws, refusal)
+    try:
+        message = wire.from_json(text, hs.HandshakeMessage)
+    except WireError as exc:
+        await _refuse(ws, hs.Refusal(hs.PROTOCOL, f"bad handshake message: {exc}"))
+    if isinstance(message, hs.Refuse):
+        raise PeerRefused(message.reason, message.code, by_peer=True)
+    if not isinstance(message, expected):
+        got = type(message).__name__
+        await _refuse(ws, hs.Refusal(hs.PROTOCOL, f"expected {expected.__name__}, got {got}"))
+    return message
+
+
+async def _refuse(ws: WebSocketConnection, refusal: hs.Refusal) -> NoReturn:
+    """Tell the peer why, then raise; the caller closes the connection."""
+    with suppress(ConnectionClosed):  # if it left already, the refusal is still ours to log
+        await ws.send_message(wire.to_json(refusal.message(), hs.HandshakeMessage).decode())
+    raise PeerRefused(refusal.reason, refusal.code, by_peer=False)
+
+
+def _why(exc: ConnectionClosed) -> str:
+    reason = exc.reason
+    if reason is None:
+        return "no close reason"
+    return f"code {reason.code}" + (f": {reason.reason}" if reason.reason else "")

@@ -1,0 +1,232 @@
+"""One live link to a peer: a handshaken websocket that carries envelopes both ways.
+
+A `Link` is the router's `PeerLink`. Its `run` reads (and hands each envelope to the
+router), pings the peer on a heartbeat, and returns when the link is over: the peer closed
+it or died (the reader sees that at once), stopped answering pings, sent too much garbage,
+or `close()` was called (by a stuck send, or the transport replacing a duplicate).
+Closing the websocket is separate (`aclose`), so that the transport can detach the link
+from the router first: a lost peer is reported before any closing handshake is waited for.
+
+The reader hands envelopes to the router in order and waits for it: a subscriber that stops
+reading (after its buffer of `SUBSCRIBER_BUFFER`) stalls this link, then trio-websocket's
+queue, and then its pong replies, so the link closes on heartbeats. Pings share the socket
+with messages: a message must be sendable well within `heartbeat_timeout` (16 MiB is ~0.13 s
+at 1 Gbit/s).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
+from trexo.config import TransportConfig
+from trexo.errors import WireError
+from trexo.net.codec import decode_message, encode_envelope, encode_peer_list
+from trexo.net.duplicates import LinkKey
+from trexo.net.garbage import GarbageMeter
+from trexo.net.gossip import PeerInfo, PeerList
+from trexo.net.router import Envelope
+from trexo.types.ids import NodeId
+
+log = logging.getLogger(__name__)
+
+# Websocket close codes (RFC 6455 §7.4; 4000-4999 are ours).
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+"""This node is stopping."""
+CLOSE_POLICY = 1008
+"""The peer sent too much garbage."""
+CLOSE_SUPERSEDED = 4001
+"""A duplicate connection between the same two nodes; the other one is kept."""
+CLOSE_UNRESPONSIVE = 4002
+"""The peer stopped answering pings, or a send to it blocked too long."""
+CLOSE_REFUSED = 4003
+"""The handshake refused the link; the refusal message said why."""
+
+MAX_CLOSE_REASON = 120
+"""A close frame's reason must fit its 125-byte payload with the 2-byte code."""
+
+
+@attrs.frozen
+class LinkEnd:
+    """Why a link's `run` returned."""
+
+    reason: str
+    superseded_by_peer: bool = False
+    """The peer closed this link because it keeps another connection to us."""
+
+
+OnEnvelope = Callable[[Envelope], Awaitable[None]]
+OnPeerList = Callable[["Link", PeerList], None]
+
+
+class Link:
+    def __init__(
+        self,
+        ws: WebSocketConnection,
+        *,
+        local_id: NodeId,
+        info: PeerInfo,
+        key: LinkKey,
+        address: str,
+        config: TransportConfig,
+    ) -> None:
+        self.info = info
+        """The peer as gossip describes it: id, host as this connection sees it, peer port."""
+        self.key = key
+        self.address = address
+        """The remote end of the connection, for log lines."""
+        self._ws = ws
+        self._local_id = local_id
+        self._config = config
+        self._send_lock = trio.Lock()
+        self._scope = trio.CancelScope()
+        self._end: LinkEnd | None = None
+        self._close_code = CLOSE_GOING_AWAY
+        self._close_reason = "node stopping"
+        self._garbage = GarbageMeter(config.garbage_limit, config.garbage_window)
+        self._ping_ids = itertools.count()
+
+    @property
+    def peer_id(self) -> NodeId:
+        return self.info.node_id
+
+    def __repr__(self) -> str:
+        return f"<Link to {self.peer_id} at {self.address} dialled by {self.key.dialer}>"
+
+    # --- sending (PeerLink) --------------------------------------------------------------
+
+    async def send_envelope(self, envelope: Envelope) -> None:
+        """Send one envelope; `trio.BrokenResourceError` if the link is (or goes) down."""
+        await self._send(encode_envelope(envelope))
+
+    async def send_peer_list(self, peers: PeerList) -> None:
+        await self._send(encode_peer_list(self._local_id, peers))
+
+    async def _send(self, text: str) -> None:
+        # A checkpoint even when nothing is sent: a publisher looping over a closing link
+        # must not starve the task that detaches it.
+        await trio.lowlevel.checkpoint()
+        limit = self._config.max_message_bytes
+        if len(text) > limit:
+            # The peer would drop it anyway; failing the publisher instead would let one
+            # oversize message take a whole service down.
+            log.error(
+                "not sending a %d-byte message to %s: over the %d-byte limit",
+                len(text),
+                self.peer_id,
+                limit,
+            )
+            return
+        if self._end is not None:
+            raise trio.ClosedResourceError(f"link to {self.peer_id} is closed")
+        timeout = self._config.send_timeout
+        # The lock keeps senders whole-message apart; the timeout covers waiting for it, so
+        # a peer that stopped reading cannot block the router for longer than `send_timeout`.
+        with trio.move_on_after(timeout):
+            async with self._send_lock:
+                try:
+                    await self._ws.send_message(text)
+                except ConnectionClosed:
+                    raise trio.BrokenResourceError(f"link to {self.peer_id} closed") from None
+                return
+        self.close(f"a send blocked for {timeout:g}s", CLOSE_UNRESPONSIVE)
+        raise trio.BrokenResourceError(f"link to {self.peer_id} is stuck")
+
+    # --- running ---------------------------------------------------------------------------
+
+    def close(self, reason: str, code: int = CLOSE_NORMAL) -> None:
+        """End the link (its `run` returns soon); the first reason given is the one kept."""
+        if self._end is None:
+            self._end = LinkEnd(reason)
+            self._close_code, self._close_reason = code, reason
+        self._scope.cancel()
+
+    async def run(self, on_envelope: OnEnvelope, on_peer_list: OnPeerList) -> LinkEnd:
+        """Carry messages until the link is over; says why it ended."""
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._heartbeat)
+                await self._read(on_envelope, on_peer_list)
+                nursery.cancel_scope.cancel()
+        assert self._end is not None
+        return self._end
+
+    async def aclose(self) -> None:
+        """Close the websocket with this link's close code (bounded, shielded: cleanup)."""
+        reason = self._close_reason.encode()[:MAX_CLOSE_REASON].decode(errors="ignore")
+        with trio.move_on_after(self._config.close_timeout, shield=True):
+            await self._ws.aclose(self._close_code, reason)
+
+    async def _read(self, on_envelope: OnEnvelope, on_peer_list: OnPeerList) -> None:
+        while True:
+            try:
+                message = await self._ws.get_message()
+            except ConnectionClosed as exc:
+                self._peer_closed(exc)
+                return
+            try:
+                item = decode_message(
+                    message, sender=self.peer_id, max_bytes=self._config.max_message_bytes
+                )
+            except WireError as exc:
+                log.warning(
+                    "dropped a message from peer %s (%s): %s", self.peer_id, self.address, exc
+                )
+                if self._garbage.record(trio.current_time()):
+                    cfg = self._config
+                    reason = (
+                        f"more than {cfg.garbage_limit} bad messages in {cfg.garbage_window:g}s"
+                    )
+                    log.warning(
+                        "disconnecting peer %s (%s): %s", self.peer_id, self.address, reason
+                    )
+                    self.close(reason, CLOSE_POLICY)
+                    return
+                continue
+            if isinstance(item, PeerList):
+                on_peer_list(self, item)
+            else:
+                await on_envelope(item)
+
+    def _peer_closed(self, exc: ConnectionClosed) -> None:
+        if self._end is not None:
+            return
+        close = exc.reason
+        if close is None:
+            self._end = LinkEnd("connection closed")
+            return
+        detail = f": {close.reason}" if close.reason else ""
+        self._end = LinkEnd(
+            f"connection closed (code {close.code}{detail})",
+            superseded_by_peer=close.code == CLOSE_SUPERSEDED,
+        )
+
+    async def _heartbeat(self) -> None:
+        cfg = self._config
+        misses = 0
+        while True:
+            started = trio.current_time()
+            payload = next(self._ping_ids).to_bytes(8, "big")  # unique: ping() refuses repeats
+            with trio.move_on_after(cfg.heartbeat_timeout) as ping:
+                try:
+                    await self._ws.ping(payload)
+                except ConnectionClosed:
+                    return  # the reader reports it
+            if not ping.cancelled_caught:
+                misses = 0
+            else:
+                misses += 1
+                log.debug(
+                    "peer %s missed heartbeat %d of %d", self.peer_id, misses, cfg.heartbeat_misses
+                )
+                if misses >= cfg.heartbeat_misses:
+                    reason = f"{misses} pings unanswered within {cfg.heartbeat_timeout:g}s"
+                    self.close(reason, CLOSE_UNRESPONSIVE)
+                    return
+            await trio.sleep_until(started + cfg.heartbeat_interval)

@@ -1,0 +1,402 @@
+"""The transport: this node's peer links over websockets, plugged under the router.
+
+`Transport.run` listens on the peer port; `connect` dials. Every connection, either way,
+goes through the handshake (`handshake_io`), then becomes a `Link` that the router routes
+through, and lives as a task of the transport's own nursery until it ends. On every change
+of the set of links the transport gossips its peers to each of them, and dials the peers it
+hears of (`gossip.should_dial`), so the links grow into a full mesh.
+
+Two connections between the same two nodes (they dialled each other at once) are resolved
+by `duplicates.keep_new`: both ends keep the same one and close the other with
+`CLOSE_SUPERSEDED`. An end that sees the peer close a link that way waits (bounded) for the
+kept connection to finish its handshake before it detaches anything, so the router never
+reports the peer lost. Envelopes in flight on the closed duplicate may be lost: this only
+happens while two nodes are first linking.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import suppress
+from functools import partial
+
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    Endpoint,
+    WebSocketConnection,
+    wrap_client_stream,
+    wrap_server_stream,
+)
+from wsproto.utilities import LocalProtocolError
+
+from trexo.config import TransportConfig
+from trexo.errors import DialFailed, LinkError, PeerRefused
+from trexo.net import handshake as hs
+from trexo.net.duplicates import LinkKey, keep_new
+from trexo.net.gossip import PeerInfo, PeerList, peer_lists, should_dial
+from trexo.net.handshake_io import accept_handshake, dial_handshake
+from trexo.net.link import CLOSE_REFUSED, CLOSE_SUPERSEDED, MAX_CLOSE_REASON, Link
+from trexo.net.router import Router
+from trexo.types.ids import NodeId
+
+log = logging.getLogger(__name__)
+
+RESOURCE = "/trexo"
+"""The websocket path peers dial."""
+READER_BREAKS = (ConnectionClosed, trio.BrokenResourceError, LocalProtocolError)
+"""What trio-websocket's reader task may raise when a connection breaks under it: a reset
+while it answers garbage, or a ping that arrives while we close (it then tries to pong in
+state LOCAL_CLOSING: python-trio/trio-websocket#184). The connection is over either way."""
+
+
+class Transport:
+    def __init__(self, router: Router, config: TransportConfig) -> None:
+        self.router = router
+        self.config = config
+        self._nursery: trio.Nursery | None = None
+        self._port: int | None = None
+        self._links: dict[NodeId, Link] = {}
+        self._dialing: set[NodeId] = set()
+        self._links_changed = trio.Event()
+        self._gossip_due = trio.Event()
+
+    @property
+    def node_id(self) -> NodeId:
+        return self.router.node_id
+
+    @property
+    def port(self) -> int:
+        """The bound peer port (known once `run` has started)."""
+        if self._port is None:
+            raise RuntimeError("the transport has not started")
+        return self._port
+
+    @property
+    def links(self) -> dict[NodeId, PeerInfo]:
+        """The linked peers, as gossip describes them."""
+        return {peer: link.info for peer, link in self._links.items()}
+
+    # --- service -----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the peer port until cancelled; `task_status.started(bound_port)`."""
+        cfg = self.config
+        async with trio.open_nursery() as nursery:
+            listeners = await trio.open_tcp_listeners(cfg.port, host=cfg.host)
+            self._port = listeners[0].socket.getsockname()[1]
+            serve = partial(
+                trio.serve_listeners, self._on_connection, listeners, handler_nursery=nursery
+            )
+            await nursery.start(serve)
+            nursery.start_soon(self._gossip_loop)
+            self._nursery = nursery
+            log.info("node %s: peer port %s:%d", self.node_id, cfg.host, self._port)
+            try:
+                task_status.started(self._port)
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    async def connect(self, host: str, port: int) -> NodeId:
+        """Dial a peer, handshake, and return its id once the link is attached.
+
+        The link lives in the transport's nursery, not the caller's. `PeerRefused` if either
+        side refused the link (the reason is logged on both), `DialFailed` if the peer could
+        not be reached or the handshake did not finish within `handshake_timeout`. If a link
+        to that peer exists already, returns its id (one link per pair of nodes).
+        """
+        peer: NodeId = await self._require_nursery().start(self._dial, host, port)
+        return peer
+
+    def dial_discovered(self, host: str, port: int, node_id: NodeId) -> bool:
+        """Dial, in the background, a node heard of through gossip or a beacon, if this node
+        should (`gossip.should_dial`: not linked, not being dialled, our id the smaller).
+        Failures are logged. Returns whether a dial started."""
+        nursery = self._nursery
+        if nursery is None or not should_dial(self.node_id, node_id, self._links, self._dialing):
+            return False
+        self._dialing.add(node_id)
+        nursery.start_soon(self._dial_in_background, nursery, host, port, node_id)
+        return True
+
+    def _require_nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise RuntimeError("the transport is not running")
+        return self._nursery
+
+    # --- dialling ---------------------------------------------------------------------------
+
+    async def _dial_in_background(
+        self, nursery: trio.Nursery, host: str, port: int, node_id: NodeId
+    ) -> None:
+        try:
+            await nursery.start(self._dial, host, port)
+        except DialFailed as exc:
+            log.info("could not link to discovered peer %s at %s:%d: %s", node_id, host, port, exc)
+        except PeerRefused:
+            pass  # logged where it happened
+        finally:
+            self._dialing.discard(node_id)
+
+    async def _dial(
+        self,
+        host: str,
+        port: int,
+        *,
+        task_status: trio.TaskStatus[NodeId] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        address = f"{host}:{port}"
+        failure: LinkError | None = None
+        started = _StartedFlag(task_status)
+        try:
+            # The websocket's reader runs in this nursery: the connection dies with this task.
+            async with trio.open_nursery() as connection:
+                try:
+                    ws, ours, theirs = await self._dial_handshake(connection, host, port)
+                except LinkError as exc:
+                    failure = exc
+                else:
+                    info = PeerInfo(theirs.node_id, _host(ws.remote, host), theirs.port)
+                    link = self._link(ws, info, LinkKey(self.node_id, ours.nonce), address)
+                    await self._serve(link, theirs.peers, started)
+                connection.cancel_scope.cancel()
+        except* ConnectionRejected as group:
+            failure = DialFailed(f"{address} is not a trexo peer port: {group.exceptions[0]!r}")
+        except* READER_BREAKS:
+            # trio-websocket's reader saw the connection break; the link (if any) is gone.
+            failure = DialFailed(f"connection to {address} broke")
+        if failure is not None and not started.done:
+            self._log_refusal(address, failure)
+            raise failure
+
+    async def _dial_handshake(
+        self, nursery: trio.Nursery, host: str, port: int
+    ) -> tuple[WebSocketConnection, hs.Hello, hs.Hello]:
+        """TCP connect, websocket upgrade and handshake, within `handshake_timeout`.
+        On failure or cancellation the connection is closed."""
+        cfg = self.config
+        stream: trio.SocketStream | None = None
+        ws: WebSocketConnection | None = None
+        try:
+            with trio.fail_after(cfg.handshake_timeout):
+                try:
+                    stream = await trio.open_tcp_stream(host, port)
+                except OSError as exc:
+                    raise DialFailed(f"cannot reach {host}:{port}: {exc}") from None
+                ws = await wrap_client_stream(
+                    nursery,
+                    stream,
+                    f"{host}:{port}",
+                    RESOURCE,
+                    message_queue_size=cfg.message_queue,
+                    max_message_size=cfg.hard_message_bytes,
+                )
+                ours, theirs = await dial_handshake(ws, self._identity(), self._peer_infos())
+                return ws, ours, theirs
+        except BaseException as exc:
+            reason = str(exc) if isinstance(exc, LinkError) else "handshake failed"
+            await _abandon(ws, stream, cfg.close_timeout, reason=reason)
+            if isinstance(exc, trio.TooSlowError):
+                timeout = cfg.handshake_timeout
+                raise DialFailed(f"no handshake with {host}:{port} within {timeout:g}s") from None
+            raise
+
+    # --- accepting ---------------------------------------------------------------------------
+
+    async def _on_connection(self, stream: trio.SocketStream) -> None:
+        """One task per incoming TCP connection (in our nursery); never raises but Cancelled."""
+        address = _address(stream)
+        try:
+            async with trio.open_nursery() as connection:
+                await self._accept(connection, stream, address)
+                connection.cancel_scope.cancel()
+        except* READER_BREAKS:
+            # trio-websocket's reader saw the connection break (garbage, then a reset).
+            log.debug("connection from %s broke", address)
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _accept(self, nursery: trio.Nursery, stream: trio.SocketStream, address: str) -> None:
+        cfg = self.config
+        ws: WebSocketConnection | None = None
+        try:
+            # One deadline for the websocket upgrade and our handshake; raw garbage, or a
+            # client that says nothing, is dropped when it passes.
+            with trio.fail_after(cfg.handshake_timeout):
+                request = await wrap_server_stream(
+                    nursery,
+                    stream,
+                    message_queue_size=cfg.message_queue,
+                    max_message_size=cfg.hard_message_bytes,
+                )
+                ws = await request.accept()
+                _ours, theirs = await accept_handshake(ws, self._identity(), self._peer_infos())
+        except trio.TooSlowError:
+            timeout = cfg.handshake_timeout
+            log.info("closed connection from %s: no handshake within %gs", address, timeout)
+            await _abandon(ws, stream, cfg.close_timeout)
+            return
+        except LinkError as exc:
+            self._log_refusal(address, exc)
+            await _abandon(ws, stream, cfg.close_timeout, reason=str(exc))
+            return
+        except ConnectionClosed:
+            log.debug("connection from %s closed before the handshake", address)
+            return
+        info = PeerInfo(theirs.node_id, _host(ws.remote, address), theirs.port)
+        link = self._link(ws, info, LinkKey(theirs.node_id, theirs.nonce), address)
+        await self._serve(link, theirs.peers, _StartedFlag(trio.TASK_STATUS_IGNORED))
+
+    # --- links -------------------------------------------------------------------------------
+
+    def _link(self, ws: WebSocketConnection, info: PeerInfo, key: LinkKey, address: str) -> Link:
+        return Link(
+            ws, local_id=self.node_id, info=info, key=key, address=address, config=self.config
+        )
+
+    async def _serve(
+        self, link: Link, their_peers: tuple[PeerInfo, ...], started: _StartedFlag
+    ) -> None:
+        """Attach a handshaken link, carry it until it ends, detach it, close it."""
+        adopted = self._adopt(link)
+        started.started(link.peer_id)
+        if not adopted:
+            link.close("duplicate connection; an existing link is kept", CLOSE_SUPERSEDED)
+            await link.aclose()
+            return
+        self._heard_of(their_peers)
+        try:
+            end = await link.run(self.router.deliver, self._on_peer_list)
+            if end.superseded_by_peer:
+                await self._wait_replaced(link)
+            if self._links.get(link.peer_id) is link:
+                log.info("lost peer %s (%s): %s", link.peer_id, link.address, end.reason)
+        finally:
+            self._release(link)
+            await link.aclose()
+
+    def _adopt(self, link: Link) -> bool:
+        existing = self._links.get(link.peer_id)
+        if existing is not None:
+            if not keep_new(existing.key, link.key):
+                log.debug("closing %r: keeping %r", link, existing)
+                return False
+            log.debug("replacing %r with %r", existing, link)
+            existing.close("duplicate connection; a newer link is kept", CLOSE_SUPERSEDED)
+        else:
+            log.info("linked to peer %s (%s)", link.peer_id, link.address)
+        self._links[link.peer_id] = link
+        self.router.attach_link(link.peer_id, link)
+        self._changed()
+        return True
+
+    def _release(self, link: Link) -> None:
+        if self._links.get(link.peer_id) is link:
+            del self._links[link.peer_id]
+            self.router.detach_link(link.peer_id, link)
+            self._changed()
+
+    async def _wait_replaced(self, link: Link) -> None:
+        # The peer keeps another connection to us, whose handshake it has finished; ours
+        # finishes within moments, unless it broke (then the peer is lost after all).
+        if self._links.get(link.peer_id) is link:
+            log.debug("peer %s closed %r as a duplicate; awaiting the kept one", link.peer_id, link)
+        with trio.move_on_after(self.config.handshake_timeout):
+            while self._links.get(link.peer_id) is link:
+                await self._links_changed.wait()
+
+    def _changed(self) -> None:
+        self._links_changed.set()
+        self._links_changed = trio.Event()
+        self._gossip_due.set()
+
+    # --- gossip ------------------------------------------------------------------------------
+
+    def _peer_infos(self) -> tuple[PeerInfo, ...]:
+        return tuple(link.info for link in self._links.values())
+
+    def _on_peer_list(self, link: Link, peers: PeerList) -> None:
+        self._heard_of(peers.peers)
+
+    def _heard_of(self, peers: tuple[PeerInfo, ...]) -> None:
+        for peer in peers:
+            self.dial_discovered(peer.host, peer.port, peer.node_id)
+
+    async def _gossip_loop(self) -> None:
+        while True:
+            await self._gossip_due.wait()
+            self._gossip_due = trio.Event()  # changes while we send make another round
+            links = dict(self._links)
+            lists = peer_lists({peer: link.info for peer, link in links.items()})
+            async with trio.open_nursery() as nursery:
+                for peer, peer_list in lists.items():
+                    nursery.start_soon(self._send_gossip, links[peer], peer_list)
+
+    @staticmethod
+    async def _send_gossip(link: Link, peers: PeerList) -> None:
+        with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await link.send_peer_list(peers)  # else the link is going; its end reports itself
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _identity(self) -> hs.Identity:
+        cfg = self.config
+        return hs.Identity(self.node_id, cfg.namespace, cfg.protocol_version, self.port, cfg.secret)
+
+    def _log_refusal(self, address: str, failure: LinkError | None) -> None:
+        """Refusals are logged on both sides; other failures are the dialler's to report."""
+        if isinstance(failure, PeerRefused):
+            if failure.by_peer:
+                log.warning("peer %s refused the link: %s", address, failure.reason)
+            else:
+                log.warning("refused peer %s: %s", address, failure.reason)
+        else:
+            log.debug("no link with %s: %s", address, failure)
+
+
+class _StartedFlag:
+    """A task status that remembers whether `started` was called."""
+
+    def __init__(self, status: trio.TaskStatus[NodeId]) -> None:
+        self._status = status
+        self.done = False
+
+    def started(self, peer: NodeId) -> None:
+        self.done = True
+        self._status.started(peer)
+
+
+async def _abandon(
+    ws: WebSocketConnection | None,
+    stream: trio.SocketStream | None,
+    grace: float,
+    *,
+    reason: str = "handshake failed",
+) -> None:
+    """Close a connection that never became a link (bounded, shielded: cleanup)."""
+    if ws is not None:
+        with trio.move_on_after(grace, shield=True):
+            await ws.aclose(
+                CLOSE_REFUSED, reason.encode()[:MAX_CLOSE_REASON].decode(errors="ignore")
+            )
+    if stream is not None:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+def _address(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "<disconnected>"
+    return f"{host}:{port}"
+
+
+def _host(endpoint: Endpoint | str, fallback: str) -> str:
+    """The remote IP of a connection: where a neighbour can reach that peer."""
+    if isinstance(endpoint, Endpoint):
+        return str(endpoint.address)
+    return fallback
