@@ -37,3 +37,9 @@ def bench_runner(session: nox.Session) -> None:
 def bench_serving(session: nox.Session) -> None:
     """Serving overhead: in-process mlx-lm versus a real `trexo run` (TTFT, decode, aggregate)."""
     session.run(PYTHON, "bench/bench_serving.py", *session.posargs)
+
+
+@nox.session(name="bench-election")
+def bench_election(session: nox.Session) -> None:
+    """Re-election after a master SIGKILL / SIGSTOP, N in {2, 3, 5}: detection to API ready."""
+    session.run(PYTHON, "bench/bench_election.py", *session.posargs)

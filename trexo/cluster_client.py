@@ -8,6 +8,7 @@ Node-lifetime, like the API. Every wait on the cluster is bounded: no session wi
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -190,19 +191,52 @@ class ClusterClient:
     # --- commands -------------------------------------------------------------------------
 
     async def command(self, command: Command) -> CommandReply:
-        """Send `command` to the master and wait (bounded) for its reply; raise if refused."""
-        session = await self._sessions.wait_session(self._command_wait)
-        with self._hub.expect_reply(command.command_id) as replies:
+        """Send `command` to the master and wait (bounded) for its reply; raise if refused.
+
+        If the session changes before the reply (the master died with the command in
+        flight), the command goes again to the next master, within the same bound.
+        """
+        with trio.move_on_after(self._command_wait):
+            with self._hub.expect_reply(command.command_id) as replies:
+                while True:
+                    session = await self._sessions.wait_session(math.inf)
+                    reply = await self._send_and_wait(session, command, replies)
+                    if reply is None:
+                        continue  # a new session: ask its master
+                    if reply.error is not None:
+                        raise _REFUSALS.get(reply.error_kind, CommandRefused)(reply.error)
+                    return reply
+        raise NoSession(f"no master answered within {self._command_wait:.0f} s; retry shortly")
+
+    async def _send_and_wait(
+        self,
+        session: Session,
+        command: Command,
+        replies: trio.MemoryReceiveChannel[CommandReply],
+    ) -> CommandReply | None:
+        """The master's reply, or None once `session` is over (or its master unreachable)."""
+        result: CommandReply | None = None
+        async with trio.open_nursery() as nursery:
+
+            async def receive() -> None:
+                nonlocal result
+                result = await replies.receive()
+                nursery.cancel_scope.cancel()
+
+            async def until_session_changes() -> None:
+                while self._sessions.session == session:
+                    await self._sessions.wait_change()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(receive)
+            nursery.start_soon(until_session_changes)
             try:
                 await self._router.send(session.master_id, Topic.COMMANDS, command)
             except PeerUnreachable:
-                raise NoSession("the master is unreachable; retry shortly") from None
-            with trio.move_on_after(self._command_wait):
-                reply = await replies.receive()
-                if reply.error is not None:
-                    raise _REFUSALS.get(reply.error_kind, CommandRefused)(reply.error)
-                return reply
-        raise NoSession(f"the master did not answer within {self._command_wait:.0f} s")
+                # Its link is gone: the election is about to replace it.
+                await self._sessions.wait_change()
+                nursery.cancel_scope.cancel()
+        return result
 
     async def place_instance(
         self, model_id: str, node_id: NodeId | None = None, *, only_if_absent: bool = False

@@ -20,7 +20,7 @@ from .sim import SimCluster, randomly
 
 NAMES = "abcdefgh"
 SETTINGS = settings(
-    max_examples=int(os.environ.get("ELECTION_EXAMPLES", "300")),
+    max_examples=int(os.environ.get("ELECTION_EXAMPLES", "100")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

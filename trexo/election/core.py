@@ -9,17 +9,19 @@ Rules, in short:
 - Candidacies are ordered by `(clock, seniority, commands_seen, node_id)`; the highest wins.
 - Only boot (no peer told us a live session within `boot_grace`), losing the master's link,
   or a split-brain merge (a link comes up between nodes with different masters) starts a
-  campaign. A campaign for clock `c + 1` supersedes any round below it; a node that hears a
-  campaign newer than its session or round joins it, and ignores older ones (answering the
-  sender with what it knows, so a straggler catches up).
+  campaign, for `clock + 1`. A node that hears a campaign newer than its round (or, with no
+  round, its session) joins it; an older one is answered with what the node knows (its own
+  campaign, or its session and clock), so a straggler catches up.
 - A round ends as soon as every linked peer has sent its candidacy for the round's clock,
-  or after `campaign_window`; every participant decides the highest candidacy it holds from
-  a linked node. The winner announces; an `Announce` is authoritative: it ends the rounds it
-  reaches, replaces a session this node merely decided, and two announced claims for one
-  clock are settled by the candidacy order, the same way on every node.
-- A node that joins a healthy cluster adopts its session from the peers' `Hello`s; a node
-  that elected itself alone (a *solo* session) yields to a cluster it meets instead of
-  forcing a merge round on it.
+  or after `campaign_window`; the node decides the highest candidacy it holds from a node
+  still linked. The winner announces; an `Announce` is authoritative: it ends the rounds it
+  reaches, replaces a session this node merely decided, and of two announced claims for
+  one clock the higher candidacy stands, the same way on every node.
+- Link-up `Hello`s carry each side's clock (so a restarted node learns the cluster's) and
+  session: a booting node adopts a session whose master it is linked to; a node that
+  elected itself alone (a *solo* session, nobody else holds it) yields to a cluster it
+  meets instead of forcing a merge round on it; a follower follows its master when the
+  master's own hello shows it has moved on (yielded, or restarted: then it campaigns).
 """
 
 from __future__ import annotations
