@@ -121,6 +121,8 @@ class Node:
             await nursery.start(self.hub.run)
             transport = Transport(self.router, self.config.transport)
             self.peer_port = await nursery.start(transport.run)
+            # Before the election: static peers dialled during its boot grace are adopted.
+            await nursery.start(Discovery(transport, self.config.discovery).run)
             app = create_app(self.client, self.config.api)
             self.api_url = await nursery.start(ApiServer(app, self.config.api).run)
             supervisor = SessionSupervisor(
@@ -136,7 +138,6 @@ class Node:
                 force_master=self.config.force_master,
             )
             await nursery.start(election.run)
-            await nursery.start(Discovery(transport, self.config.discovery).run)
             if self.config.default_model is not None:
                 default = DefaultModel(
                     self.client, self.sessions, self.config.default_model, self._model_ready
