@@ -65,6 +65,7 @@ MESSAGES: list[ChatCompletionUserMessageParam] = [
 """Greedy decoding of this prompt runs the small and tiny demo models to max_tokens, no EOS."""
 
 NODE_ISOLATION: tuple[tuple[str, ...], ...] = (
+    ("--peer-host", "127.0.0.1"),
     ("--peer-port", "0"),
     ("--no-multicast",),
     ("--namespace", f"trexo-bench-serving-{os.getpid()}"),
