@@ -56,8 +56,11 @@ async def api_ready_after(http: httpx.AsyncClient, node: ClusterNode, t0: float)
                 )
                 if response.status_code == 404:
                     return time.time() - t0
-            except httpx.TransportError:
-                pass
+                if os.environ.get("BENCH_DEBUG"):
+                    print(f"probe: {response.status_code} at {time.time() - t0:.3f}", flush=True)
+            except httpx.TransportError as exc:
+                if os.environ.get("BENCH_DEBUG"):
+                    print(f"probe: {exc!r} at {time.time() - t0:.3f}", flush=True)
             await trio.sleep(PROBE_INTERVAL_S)
 
 
@@ -202,7 +205,7 @@ async def main_async(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-k", "--trials", type=int, default=20)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 3, 5])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[2, 3, 5])
     parser.add_argument("--stop-trials", type=int, default=10)
     parser.add_argument("--stop-sizes", type=int, nargs="*", default=[3])
     trio.run(main_async, parser.parse_args())

@@ -16,7 +16,13 @@ from typing import Any
 import trio
 
 from trexo.api.handle import ModelListing
-from trexo.config import CANCEL_SEND_TIMEOUT_S, COMMAND_WAIT_S, GENERATION_IDLE_TIMEOUT_S
+from trexo.config import (
+    CANCEL_SEND_TIMEOUT_S,
+    COMMAND_RESEND_INITIAL_S,
+    COMMAND_RESEND_MAX_S,
+    COMMAND_WAIT_S,
+    GENERATION_IDLE_TIMEOUT_S,
+)
 from trexo.errors import (
     ClusterError,
     CommandRefused,
@@ -230,8 +236,12 @@ class ClusterClient:
 
             nursery.start_soon(receive)
             nursery.start_soon(until_session_changes)
+            pause = COMMAND_RESEND_INITIAL_S
             try:
-                await self._router.send(session.master_id, Topic.COMMANDS, command)
+                while True:
+                    await self._router.send(session.master_id, Topic.COMMANDS, command)
+                    await trio.sleep(pause)
+                    pause = min(COMMAND_RESEND_MAX_S, 2 * pause)
             except PeerUnreachable:
                 # Its link is gone: the election is about to replace it.
                 await self._sessions.wait_change()

@@ -139,12 +139,17 @@ one by one and fsynced in batches: a process crash loses nothing, a power loss t
 """
 
 
+REMEMBERED_REPLIES = 10_000
+"""Replies the master keeps to answer a resent command without deciding it twice."""
+
+
 @attrs.frozen
 class MasterConfig:
     """Knobs of the master service: placement and its event log."""
 
     memory_overhead: float = PLACEMENT_MEMORY_OVERHEAD
     fsync_interval: float = EVENT_LOG_FSYNC_INTERVAL_S
+    remembered_replies: int = REMEMBERED_REPLIES
 
 
 # --- state view ----------------------------------------------------------------------------
@@ -166,6 +171,11 @@ class StateViewConfig:
 
 # --- node and API ----------------------------------------------------------------------------
 
+COMMAND_RESEND_INITIAL_S = 0.1
+"""A command unanswered this long is sent again (it may have reached a master still
+starting); the pause doubles up to `COMMAND_RESEND_MAX_S`. The master answers resends from
+memory, so a command is never decided twice."""
+COMMAND_RESEND_MAX_S = 2.0
 COMMAND_WAIT_S = 10.0
 """How long an API command waits for a session (and for the master's reply) before 503."""
 GENERATION_IDLE_TIMEOUT_S = 300.0

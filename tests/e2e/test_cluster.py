@@ -282,3 +282,33 @@ async def test_sigint_with_peers_exits_cleanly(tmp_path: Path) -> None:
         await stop(a.process, signal.SIGINT)
         assert a.process.process.returncode == 0
         await cluster.wait_converged(expect_nodes=1)
+
+
+async def test_three_nodes_with_the_default_model_place_it_once(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        for _ in range(3):
+            await cluster.add()
+        await cluster.wait_converged(expect_nodes=3)
+        state = (await cluster.http.get(f"{cluster.nodes[-1].url}/state")).json()
+        assert len(state["instances"]) == 1
+        texts = [await greedy_text(n) for n in cluster.nodes]
+        assert texts[0] and texts == [texts[0]] * 3
+
+
+async def test_a_node_joining_mid_session_catches_up_from_the_log(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        a = await cluster.add("--no-model")
+        b = await cluster.add("--no-model")
+        await cluster.wait_converged(expect_nodes=2)
+        await place(cluster, a, b)
+        await wait_instance_ready(cluster, a)
+        late = await cluster.add("--no-model")
+        await cluster.wait_converged(expect_nodes=3)
+        with trio.fail_after(TIMEOUT_S):
+            while True:
+                states = [(await cluster.http.get(f"{n.url}/state")).json() for n in (a, late)]
+                if states[0] == states[1]:
+                    break
+                await trio.sleep(0.05)
+        assert len(states[1]["instances"]) == 1
+        assert await greedy_text(late) == await greedy_text(a)

@@ -215,3 +215,34 @@ async def test_the_event_log_reads_back_into_the_served_state(node: TrexoProcess
     for event in events[: served["last_index"] + 1]:  # more may have come since
         state = apply(state, event)
     assert json.loads(wire.to_json(state, State)) == served
+
+
+async def test_deleting_an_instance_stops_and_reaps_its_runner(node: TrexoProcess) -> None:
+    runners = node.runner_pids()
+    assert runners
+    async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+        (instance_id,) = (await http.get(f"{node.url}/state")).json()["instances"]
+        deleted = await http.delete(f"{node.url}/instances/{instance_id}")
+        assert deleted.status_code == 200, deleted.text
+        assert await wait_gone(runners) == []
+        state = (await http.get(f"{node.url}/state")).json()
+        assert state["instances"] == {} and state["runners"] == {}
+        gone = await http.post(
+            f"{node.url}/v1/chat/completions",
+            json={"model": MODEL, "messages": MESSAGES, "max_tokens": 2},
+        )
+        assert gone.status_code == 404
+        again = await http.delete(f"{node.url}/instances/{instance_id}")
+        assert again.status_code == 404
+
+
+async def test_a_second_sigint_forces_exit_and_the_runner_still_goes(tmp_path: Path) -> None:
+    async with run_trexo(tmp_path / "node") as node:
+        runners = node.runner_pids()
+        assert runners
+        node.process.send_signal(signal.SIGINT)
+        node.process.send_signal(signal.SIGINT)
+        with trio.fail_after(TIMEOUT_S):
+            await node.process.wait()
+        assert node.process.returncode in (0, 130)
+        assert await wait_gone(runners) == []

@@ -352,3 +352,41 @@ async def test_fsync_every_event_policy_works_end_to_end(tmp_path: Path) -> None
             assert (await broadcast.receive()).payload.index == 0
             nursery.cancel_scope.cancel()
     assert len(read_log(log_path(tmp_path, SESSION))) == 1
+
+
+async def test_a_resent_command_is_decided_once_and_answered_again(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await settled(h)
+        command = PlaceInstance("resent", SMALL)
+        replies = []
+        for _ in range(2):
+            await h.router.send(ME, Topic.COMMANDS, command)
+            async for envelope in h.replies:
+                if (
+                    isinstance(envelope.payload, CommandReply)
+                    and envelope.payload.command_id == "resent"
+                ):
+                    replies.append(envelope.payload)
+                    break
+        state = await h.converged()
+    assert replies[0] == replies[1]
+    assert replies[0].error is None
+    assert list(state.instances) == [replies[0].result_id]
+
+
+async def test_a_node_that_leaves_takes_its_instances_with_it(tmp_path: Path) -> None:
+    class NullLink:
+        async def send_envelope(self, envelope: Envelope) -> None:
+            pass
+
+    async with running(tmp_path) as h:
+        link = NullLink()
+        h.router.attach_link(PEER, link)
+        await h.report(NodeReport(node(ME, 500 * MiB)), NodeReport(node(PEER, 500 * MiB)))
+        await h.view.wait_until(lambda s: len(s.nodes) == 2)
+        placed = await place(h, PEER)
+        assert placed.error is None
+        h.router.detach_link(PEER, link)
+        state = await h.view.wait_until(lambda s: PEER not in s.nodes)
+    assert state.instances == {}
+    assert set(state.nodes) == {ME}

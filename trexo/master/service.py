@@ -99,6 +99,7 @@ class Master:
         self._events: list[IndexedEvent] = []  # the whole session, for replays
         self._log: EventLog | None = None
         self._commands_handled = 0
+        self._replies: dict[str, CommandReply] = {}
         self._commands_refused = 0
         self._local_events_handled = 0
         self._replays_served = 0
@@ -211,6 +212,11 @@ class Master:
             )
 
     async def _handle_command(self, sender: NodeId, command: Command) -> None:
+        # Senders resend until they hear back (a command may reach a master that is still
+        # starting), so a command is decided once and its reply repeated for any resend.
+        if (earlier := self._replies.get(command.command_id)) is not None:
+            await self._send(sender, Topic.STREAM, earlier)
+            return
         self._commands_handled += 1
         if isinstance(command, RequestReplay):
             decision = await self._replay(sender, command)
@@ -226,7 +232,14 @@ class Master:
         else:
             log.debug("accepted %s from %s: %s", type(command).__name__, sender, decision.result_id)
             reply = CommandReply(command.command_id, result_id=decision.result_id)
+        if not isinstance(command, RequestReplay):
+            self._remember(reply)
         await self._send(sender, Topic.STREAM, reply)
+
+    def _remember(self, reply: CommandReply) -> None:
+        self._replies[reply.command_id] = reply
+        while len(self._replies) > self.config.remembered_replies:
+            del self._replies[next(iter(self._replies))]  # the oldest (dicts keep order)
 
     def _decide(self, command: StateCommand) -> Decision:
         return decide_command(
