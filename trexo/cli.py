@@ -12,12 +12,17 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from trexo import __version__
+from trexo.config import Paths
 from trexo.types.ids import InstanceId
 from trexo.types.models import ModelRef
+
+if TYPE_CHECKING:
+    from trexo.node import NodeConfig
 
 log = logging.getLogger("trexo")
 
@@ -25,6 +30,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 EXIT_FORCED = 130
 """A second Ctrl-C: leave at once (runners see EOF on their sockets and exit by themselves)."""
 DEMO_PROMPT = "Hello! What can you do?"
+_stopped_cleanly = False
+"""Set once the node has stopped in order (a late Ctrl-C after that changes nothing)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,9 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_command(args)
 
 
-def _paths(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from trexo.config import Paths
-
+def _paths(args: argparse.Namespace) -> Paths:
     return Paths(args.data_dir) if args.data_dir else Paths()
 
 
@@ -215,14 +220,19 @@ def run_command(args: argparse.Namespace) -> int:
         default_model=default,
         extra_models=tuple(extra),
     )
-    return trio.run(functools.partial(run_node_until_signalled, config))
+    try:
+        return trio.run(functools.partial(run_node_until_signalled, config))
+    except KeyboardInterrupt:
+        # trio re-delivers a Ctrl-C that was still queued when the node finished stopping.
+        if _stopped_cleanly:
+            return 0
+        raise
 
 
-async def run_node_until_signalled(config: object) -> int:
+async def run_node_until_signalled(config: NodeConfig) -> int:
     """Run the node until SIGINT/SIGTERM; a second signal forces exit."""
-    from trexo.node import Node, NodeConfig
+    from trexo.node import Node
 
-    assert isinstance(config, NodeConfig)
     node = Node(config, on_model_ready=_print_ready)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -243,6 +253,8 @@ async def run_node_until_signalled(config: object) -> int:
                     print(f"trexo is ready: API on {started.api_url} (no model placed)", flush=True)
                 await trio.sleep_forever()
             nursery.cancel_scope.cancel()
+        global _stopped_cleanly
+        _stopped_cleanly = True  # before leaving the receiver, which re-delivers queued signals
     log.info("node stopped")
     return 0
 

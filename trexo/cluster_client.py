@@ -93,8 +93,9 @@ class SessionTracker:
             return self.session
         raise NoSession(f"no master elected within {bound:.0f} s; retry shortly")
 
-    async def wait_state_change(self) -> None:
-        """Until the state or the session changes."""
+    async def wait_state_change(self, after_index: int) -> None:
+        """Until the state moves past `after_index` (the index the caller looked at), or the
+        session changes. Passing the index closes the gap between looking and waiting."""
         view, session_changed = self.view, self._changed
         if view is None:
             await session_changed.wait()
@@ -105,7 +106,7 @@ class SessionTracker:
                 await wait()
                 nursery.cancel_scope.cancel()
 
-            nursery.start_soon(first, lambda: view.wait_state_change(view.state.last_index))
+            nursery.start_soon(first, lambda: view.wait_state_change(after_index))
             nursery.start_soon(first, session_changed.wait)
 
 

@@ -44,8 +44,9 @@ class DefaultModel:
             session = await self._sessions.wait_session(float("inf"))
             if session != placed_in:
                 # Placing before this node has reported its memory would be refused.
-                if self._client.node_id not in self._client.current_state().nodes:
-                    await self._sessions.wait_state_change()
+                state = self._client.current_state()
+                if self._client.node_id not in state.nodes:
+                    await self._sessions.wait_state_change(state.last_index)
                     continue
                 try:
                     instance_id = await self._client.place_instance(
@@ -76,4 +77,4 @@ class DefaultModel:
                 if self._on_ready is not None:
                     self._on_ready(self._model, instance_id)
                 return
-            await self._sessions.wait_state_change()
+            await self._sessions.wait_state_change(state.last_index)

@@ -241,6 +241,7 @@ async def test_a_second_sigint_forces_exit_and_the_runner_still_goes(tmp_path: P
         runners = node.runner_pids()
         assert runners
         node.process.send_signal(signal.SIGINT)
+        await trio.sleep(0.005)  # the first has started the orderly stop
         node.process.send_signal(signal.SIGINT)
         with trio.fail_after(TIMEOUT_S):
             await node.process.wait()

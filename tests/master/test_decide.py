@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import attrs
 import pytest
 
 from trexo.master.decide import (
@@ -206,3 +207,13 @@ def test_a_lost_node_takes_its_instances_and_their_tasks_with_it() -> None:
     assert set(after.instances) == {on_a.instance_id}
     assert after.tasks == {}
     assert decide_nodes_lost(after, frozenset({A})) == []
+
+
+def test_small_memory_drifts_are_not_events_but_real_changes_are() -> None:
+    state = apply_all(State(), [NodeUpdated(NODE)])
+    drift = attrs.evolve(NODE, memory_available=NODE.memory_available - 10 * MiB)
+    assert decide_local_event(state, NodeReport(drift)) is None
+    big = attrs.evolve(NODE, memory_available=NODE.memory_available - 512 * MiB)
+    assert decide_local_event(state, NodeReport(big)) == NodeUpdated(big)
+    renamed = attrs.evolve(NODE, api_url="http://127.0.0.1:1")
+    assert decide_local_event(state, NodeReport(renamed)) == NodeUpdated(renamed)

@@ -278,7 +278,7 @@ async def test_a_late_joining_view_catches_up_from_zero(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
             master = await nursery.start(Master(router, SESSION, tmp_path).run)
             for k in range(10):
-                await router.publish(Topic.LOCAL_EVENTS, NodeReport(NodeInfo(ME, "h", 100, k)))
+                await router.publish(Topic.LOCAL_EVENTS, NodeReport(NodeInfo(ME, f"h{k}", 100, k)))
             early = await nursery.start(StateView(router, SESSION).run)
             await early.wait_until(lambda s: s.last_index == 9)
             late = await nursery.start(StateView(router, SESSION).run)
@@ -306,7 +306,7 @@ async def test_views_of_a_real_master_converge_despite_a_lost_event(tmp_path: Pa
             master = await nursery.start(Master(router, SESSION, tmp_path).run)
             view = await nursery.start(StateView(router, SESSION).run)
             for k in range(6):
-                await router.publish(Topic.LOCAL_EVENTS, NodeReport(NodeInfo(ME, "h", 100, k)))
+                await router.publish(Topic.LOCAL_EVENTS, NodeReport(NodeInfo(ME, f"h{k}", 100, k)))
             state = await view.wait_until(lambda s: s.last_index == 5)
             assert dropped == [3]
             assert state == master.state

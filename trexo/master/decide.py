@@ -15,7 +15,7 @@ from typing import Literal
 
 import attrs
 
-from trexo.config import PLACEMENT_MEMORY_OVERHEAD
+from trexo.config import MEMORY_REPORT_THRESHOLD_BYTES, PLACEMENT_MEMORY_OVERHEAD
 from trexo.errors import PlacementRefused
 from trexo.master.placement import place
 from trexo.types.commands import CancelTask, DeleteInstance, PlaceInstance, SubmitTask
@@ -33,7 +33,7 @@ from trexo.types.events import (
 from trexo.types.ids import InstanceId, NodeId, RunnerId
 from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
 from trexo.types.runner_status import TERMINAL_STATUSES, RunnerReady, RunnerRunning
-from trexo.types.state import Instance, State, Task
+from trexo.types.state import Instance, NodeInfo, State, Task
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,8 @@ def decide_local_event(state: State, event: LocalEvent) -> Event | None:
     """The global event recording `event`, or None if it names nothing known or changes nothing."""
     match event:
         case NodeReport(node):
-            if state.nodes.get(node.node_id) == node:
+            known = state.nodes.get(node.node_id)
+            if known is not None and not node_info_changed(known, node):
                 return None
             return NodeUpdated(node)
         case RunnerReport(runner_id, instance_id, status):
@@ -160,6 +161,14 @@ def decide_local_event(state: State, event: LocalEvent) -> Event | None:
             if task.status == status:
                 return None
             return TaskStatusChanged(task_id, status)
+
+
+def node_info_changed(old: NodeInfo, new: NodeInfo) -> bool:
+    """Worth an event: anything but a small drift of available memory (nodes re-report
+    every few seconds; each drift would otherwise be an event in the log)."""
+    drift = abs(old.memory_available - new.memory_available)
+    same_but_memory = attrs.evolve(old, memory_available=new.memory_available) == new
+    return not same_but_memory or drift > MEMORY_REPORT_THRESHOLD_BYTES
 
 
 def decide_nodes_lost(state: State, live: frozenset[NodeId]) -> list[Event]:

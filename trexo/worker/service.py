@@ -21,7 +21,6 @@ import trio
 
 from trexo import catalog
 from trexo.config import (
-    MEMORY_REPORT_THRESHOLD_BYTES,
     NODE_REPORT_INTERVAL_S,
     RUNNER_MAX_ATTEMPTS,
     RUNNER_RETRY_BACKOFF_S,
@@ -58,17 +57,10 @@ def read_node_info(node_id: NodeId, api_url: str | None) -> NodeInfo:
     return NodeInfo(node_id, socket.gethostname(), memory.total, memory.available, api_url)
 
 
-def node_info_changed(old: NodeInfo, new: NodeInfo) -> bool:
-    """Worth an event: anything but small drifts of available memory."""
-    drift = abs(old.memory_available - new.memory_available)
-    return attrs.evolve(old, memory_available=new.memory_available) != new or (
-        drift > MEMORY_REPORT_THRESHOLD_BYTES
-    )
-
-
 @attrs.define
 class _LocalRunner:
     supervisor: RunnerSupervisor
+    instance_id: InstanceId
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
 
 
@@ -192,7 +184,7 @@ class Worker:
             env=self._runner_env,
             on_status=on_status,
         )
-        self._runners[runner_id] = _LocalRunner(supervisor)
+        self._runners[runner_id] = _LocalRunner(supervisor, instance.instance_id)
         self._attempts[instance.instance_id] = self._attempts.get(instance.instance_id, 0) + 1
         nursery.start_soon(self._run_runner, instance, assignment, self._runners[runner_id])
 
@@ -280,10 +272,14 @@ class Worker:
                 log.debug("master unreachable; dropped %s", type(event).__name__)
 
     async def _report_node_periodically(self) -> None:
-        reported: NodeInfo | None = None
+        """Report this node's memory and its runners' statuses, again every interval.
+
+        Repeats cost nothing (the master emits events only for changes) and repair a report
+        lost in transit, e.g. on a link that was replaced while two nodes first met.
+        """
         while True:
             info = await trio.to_thread.run_sync(read_node_info, self.node_id, self._api_url())
-            if reported is None or node_info_changed(reported, info):
-                self._report(NodeReport(info))
-                reported = info
+            self._report(NodeReport(info))
+            for runner_id, entry in self._runners.items():
+                self._report(RunnerReport(runner_id, entry.instance_id, entry.supervisor.status))
             await trio.sleep(self._node_report_interval)
