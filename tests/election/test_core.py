@@ -272,7 +272,7 @@ def test_master_loss_starts_a_campaign_at_once() -> None:
     a = settled(node(A), cand(5, M, seniority=3), {B, M})
     out = a.peers_changed(10.0, frozenset({B}))
     assert CampaignStarted(6, CampaignReason.MASTER_LOST, A) in out.notes
-    assert published(out) == [Campaign(cand(6, A))]
+    assert published(out) == [Campaign(cand(6, A), lost_master=M)]
     assert out.deadline == 10.0 + CONFIG.campaign_window
     out = a.receive(10.0, B, Campaign(cand(6, B)))
     assert out.session == Session(6, B)
@@ -394,7 +394,7 @@ def test_a_restarted_node_with_a_stale_clock_adopts_the_cluster_session() -> Non
     assert not campaigns(out)
     # Its next campaign is for the cluster's next clock, not for 1.
     out = c.peers_changed(1.0, frozenset({A}))
-    assert published(out) == [Campaign(cand(8, C))]
+    assert published(out) == [Campaign(cand(8, C), lost_master=M)]
 
 
 def test_a_restarted_node_with_a_higher_clock_joins_without_a_new_round() -> None:
@@ -414,7 +414,98 @@ def test_a_restarted_node_with_a_higher_clock_joins_without_a_new_round() -> Non
     assert out.clock == 12
     # and its next round, when it comes, is above every clock anyone knew
     out = a.peers_changed(2.0, frozenset({C}))
-    assert published(out) == [Campaign(cand(13, A))]
+    assert published(out) == [Campaign(cand(13, A), lost_master=M)]
+
+
+# --- a master the cluster declared dead ----------------------------------------------------
+
+
+def _deliver(
+    nodes: dict[NodeId, ElectionCore],
+    queue: list[tuple[NodeId, Outputs]],
+    now: float,
+) -> None:
+    """Deliver every message in `queue`, and what it causes, over the links both ends see."""
+    while queue:
+        sender, out = queue.pop(0)
+        for outgoing in out.messages:
+            targets = [outgoing.to] if outgoing.to is not None else sorted(nodes[sender].peers)
+            for target in targets:
+                if target in nodes[sender].peers and sender in nodes[target].peers:
+                    queue.append((target, nodes[target].receive(now, sender, outgoing.message)))
+
+
+def elected(core: ElectionCore, peers: set[NodeId]) -> ElectionCore:
+    """`core` master of clock 1, elected by all of `peers` (so its seniority counts them)."""
+    booted_into_round(core, peers)
+    for peer in sorted(peers):
+        core.receive(CONFIG.boot_grace, peer, Campaign(cand(1, peer)))
+    assert core.is_master and core.seniority == len(peers) + 1
+    return core
+
+
+def test_a_master_declared_lost_demotes_itself_and_adopts_its_replacement() -> None:
+    # n0 was elected by all three: seniority 3. B has seen the most commands of the rest.
+    m = elected(node(M, commands=9), {A, B})
+    a = settled(node(A, commands=1), cand(1, M), {B, M})
+    b = settled(node(B, commands=5), cand(1, M), {A, M})
+    nodes = {M: m, A: a, B: b}
+    # M froze: B's heartbeat declared it lost, A's has not fired yet; M still sees both.
+    out_b = b.peers_changed(10.0, frozenset({A}))
+    assert published(out_b) == [Campaign(cand(2, B, commands=5), lost_master=M)]
+    # A joins clock 2 and names the lost master too.
+    out_a = a.receive(10.1, B, published(out_b)[0])
+    assert published(out_a) == [Campaign(cand(2, A, commands=1), lost_master=M)]
+    # B holds every linked candidacy: it decides itself.
+    assert b.receive(10.1, A, published(out_a)[0]).session == Session(2, B)
+    # M thaws and hears A's campaign: it demotes itself and cannot win the round.
+    out_m = m.receive(10.2, A, published(out_a)[0])
+    assert m.seniority == 0
+    assert not m.is_master
+    assert m.session is None
+    assert campaigns(out_m) == [Campaign(cand(2, M, commands=9), lost_master=M)]
+    assert not any(isinstance(o.message, Announce) for o in out_m.messages)
+    # A, holding all three candidacies, decides B (not M, though M has more commands).
+    out_a2 = a.receive(10.2, M, campaigns(out_m)[0])
+    assert a.session == Session(2, B)
+    _deliver(nodes, [(B, b.receive(10.1, A, published(out_a)[0])), (A, out_a2)], 10.2)
+    # M waits for B, whom it still sees linked; the window ends it without M winning.
+    out_m = m.timer(10.2 + CONFIG.campaign_window)
+    assert not m.is_master
+    _deliver(nodes, [(M, out_m)], 10.8)
+    # Later the M-B link comes back: everyone ends with B as master, none split.
+    queue = [(B, b.peers_changed(11.0, frozenset({A, M})))]
+    queue.append((M, m.peers_changed(11.0, frozenset({A, B}))))
+    _deliver(nodes, queue, 11.0)
+    for _ in range(3):
+        for core in nodes.values():
+            if core.deadline is not None:
+                _deliver(nodes, [(core.node_id, core.timer(core.deadline))], core.deadline)
+    assert {core.session.master_id for core in nodes.values() if core.session} == {B}
+    assert all(core.session == b.session for core in nodes.values())
+    assert not m.is_master
+
+
+def test_a_master_demoted_can_rise_again_in_a_genuine_election() -> None:
+    m = elected(node(M), {A})
+    assert m.seniority == 2
+    m.receive(1.0, A, Campaign(cand(2, A), lost_master=M))
+    assert m.seniority == 0
+    assert m.session == Session(2, A)  # round 2 cannot be M's
+    # Clock 3 is not about M: it wins it (higher id), and its seniority grows again.
+    out = m.receive(2.0, A, Campaign(cand(3, A)))
+    assert out.session == Session(3, M)
+    assert m.is_master and m.seniority == 2
+
+
+def test_a_campaign_naming_another_lost_master_does_not_demote() -> None:
+    z = elected(node(Z), {A, B})
+    out = z.receive(1.0, A, Campaign(cand(2, A), lost_master=M))
+    assert z.seniority == 3
+    assert campaigns(out) == [Campaign(cand(2, Z, seniority=3), lost_master=M)]
+    z.receive(1.0, B, Campaign(cand(2, B), lost_master=M))
+    assert z.session == Session(2, Z)
+    assert z.is_master
 
 
 # --- protocol errors -----------------------------------------------------------------------

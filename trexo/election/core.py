@@ -22,6 +22,12 @@ Rules, in short:
   elected itself alone (a *solo* session, nobody else holds it) yields to a cluster it
   meets instead of forcing a merge round on it; a follower follows its master when the
   master's own hello shows it has moved on (yielded, or restarted: then it campaigns).
+- A round started because the master's link went down names that master (`lost_master`
+  in every `Campaign` of the round; joiners copy it). The named node, on hearing such a
+  campaign, knows the cluster declared it dead: it demotes itself (seniority 0, it drops a
+  session it is master of) and takes part with that low candidacy. No node decides the
+  lost master the winner of such a round (unless it is all the round holds), so the old
+  master cannot win back the cluster that replaced it, and adopts the new master.
 """
 
 from __future__ import annotations
@@ -79,6 +85,12 @@ class _Round:
     deadline: float
     candidacies: dict[NodeId, Candidacy]
     """Candidacies for `clock` heard so far, this node's own included."""
+    lost_master: NodeId | None = None
+    """The master whose loss started this round (ours, or the campaign we joined)."""
+
+    def campaign(self, node_id: NodeId) -> Campaign:
+        """This node's `Campaign` for the round."""
+        return Campaign(self.candidacies[node_id], lost_master=self.lost_master)
 
 
 class _Step:
@@ -192,7 +204,7 @@ class ElectionCore:
         if self._round is not None:
             self._check_round(now, step)  # a lost peer no longer needs to answer
         elif session is not None and session.master_id in removed:
-            self._campaign(now, CampaignReason.MASTER_LOST, step)
+            self._campaign(now, CampaignReason.MASTER_LOST, step, lost_master=session.master_id)
         elif added:
             self._reweigh_heard(now, added, step)
         return self._finish(step)
@@ -232,17 +244,28 @@ class ElectionCore:
         if candidacy.node_id != sender:
             step.notes.append(Dropped(sender, message, "a candidacy for another node"))
             return
+        if message.lost_master == self.node_id and candidacy.clock >= self._epoch:
+            self._demote()
+        lost = message.lost_master
         round_ = self._round
         if round_ is not None:
             if candidacy.clock < round_.clock:
                 # A straggler: bring it into our round (it joins, being older).
-                step.send(sender, Campaign(round_.candidacies[self.node_id]))
+                step.send(sender, round_.campaign(self.node_id))
                 step.notes.append(Ignored(sender, message, f"older than round {round_.clock}"))
                 return
             if candidacy.clock > round_.clock:
-                self._enter_round(now, candidacy.clock, CampaignReason.JOINED, sender, step)
+                self._enter_round(
+                    now, candidacy.clock, CampaignReason.JOINED, sender, step, lost_master=lost
+                )
+            elif round_.lost_master is None and lost is not None:
+                round_.lost_master = lost  # the same round, started for a lost master too
+            if lost == self.node_id:
+                self._lower_candidacy(step)
         elif candidacy.clock > self._epoch:
-            self._enter_round(now, candidacy.clock, CampaignReason.JOINED, sender, step)
+            self._enter_round(
+                now, candidacy.clock, CampaignReason.JOINED, sender, step, lost_master=lost
+            )
         else:
             # That round is over here (or never mattered): tell the sender how it ended.
             step.send(sender, self._hello(answer_me=False))
@@ -382,12 +405,44 @@ class ElectionCore:
             return self._round.clock
         return self._winner.clock if self._winner is not None else -1
 
-    def _campaign(self, now: float, reason: CampaignReason, step: _Step) -> None:
-        self._enter_round(now, self.clock + 1, reason, self.node_id, step)
+    def _campaign(
+        self,
+        now: float,
+        reason: CampaignReason,
+        step: _Step,
+        *,
+        lost_master: NodeId | None = None,
+    ) -> None:
+        self._enter_round(now, self.clock + 1, reason, self.node_id, step, lost_master=lost_master)
         self._check_round(now, step)  # alone, it is decided at once
 
+    def _demote(self) -> None:
+        """The cluster declared this node dead (a campaign names it the lost master): it
+        is master no more, and its seniority must not win the round that replaces it."""
+        self.seniority = 0
+        if self.is_master:
+            self._winner = None
+            self._confirmed = False
+            self._solo = False
+
+    def _lower_candidacy(self, step: _Step) -> None:
+        """Our round already holds our candidacy with the seniority we lost: replace it."""
+        round_ = self._round
+        assert round_ is not None
+        mine = round_.candidacies[self.node_id]
+        if mine.seniority > self.seniority:
+            round_.candidacies[self.node_id] = attrs.evolve(mine, seniority=self.seniority)
+            step.publish(round_.campaign(self.node_id))
+
     def _enter_round(
-        self, now: float, clock: int, reason: CampaignReason, origin: NodeId, step: _Step
+        self,
+        now: float,
+        clock: int,
+        reason: CampaignReason,
+        origin: NodeId,
+        step: _Step,
+        *,
+        lost_master: NodeId | None = None,
     ) -> None:
         started_at = self._round.started_at if self._round is not None else now
         mine = Candidacy(clock, self.seniority, self._commands_seen(), self.node_id)
@@ -397,11 +452,12 @@ class ElectionCore:
             started_at=started_at,
             deadline=now + self.config.campaign_window,
             candidacies={self.node_id: mine},
+            lost_master=lost_master,
         )
         self._learn_clock(clock)
         self._boot_deadline = None
         self._rounds += 1
-        step.publish(Campaign(mine))
+        step.publish(self._round.campaign(self.node_id))
         step.notes.append(CampaignStarted(clock, reason, origin))
 
     def _check_round(self, now: float, step: _Step) -> None:
@@ -417,7 +473,9 @@ class ElectionCore:
             for node, candidacy in round_.candidacies.items()
             if node == self.node_id or node in self.peers
         ]
-        winner = max(held)
+        # The cluster declared the round's lost master dead: it cannot win the round back.
+        eligible = [c for c in held if c.node_id != round_.lost_master]
+        winner = max(eligible or held)
         latency = now - round_.started_at
         self._round = None
         self._winner = winner
@@ -471,7 +529,7 @@ class ElectionCore:
         step.send(peer, self._hello(answer_me=answer_me))
         round_ = self._round
         if round_ is not None and peer not in round_.candidacies and not step.published_campaign:
-            step.send(peer, Campaign(round_.candidacies[self.node_id]))
+            step.send(peer, round_.campaign(self.node_id))
 
     def _begin(self) -> _Step:
         return _Step(self.session, self.clock)

@@ -32,6 +32,9 @@ class Campaign:
     """The sender's candidacy for round `candidacy.clock` (it started or joined that round)."""
 
     candidacy: Candidacy
+    lost_master: NodeId | None = None
+    """The master whose loss started this round, if that is why: the cluster declared it
+    dead. A node that reads its own id here demotes itself and cannot win the round."""
 
 
 @attrs.frozen
