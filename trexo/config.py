@@ -171,7 +171,7 @@ class StateViewConfig:
 
 # --- node and API ----------------------------------------------------------------------------
 
-COMMAND_RESEND_INITIAL_S = 0.1
+COMMAND_RESEND_INITIAL_S = 0.02
 """A command unanswered this long is sent again (it may have reached a master still
 starting); the pause doubles up to `COMMAND_RESEND_MAX_S`. The master answers resends from
 memory, so a command is never decided twice."""
