@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import HealthCheck, settings
 
 from trexo.engine.blas import setup_blas
 
@@ -15,6 +16,11 @@ setup_blas()
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # tests start several MLX processes
 
 REAP_TIMEOUT_S = 5.0
+
+# Shared machines run identical work up to 3x slower: no per-example deadline, which would
+# make property tests fail on timing rather than on behaviour.
+settings.register_profile("trexo", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("trexo")
 
 
 @pytest.fixture(autouse=True)
