@@ -72,6 +72,11 @@ class Cluster:
         await self.start(node)
         return node
 
+    async def add_many(
+        self, count: int, *extra: str, env: dict[str, str] | None = None
+    ) -> list[ClusterNode]:
+        return [await self.add(*extra, env=env) for _ in range(count)]
+
     async def start(self, node: ClusterNode) -> None:
         node.stack = AsyncExitStack()
         node.process = await node.stack.enter_async_context(

@@ -74,8 +74,7 @@ async def greedy_text(node: ClusterNode, **extra: object) -> str:
 
 async def test_three_nodes_converge_on_one_master_and_agree_on_state(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
-        for _ in range(3):
-            await cluster.add("--no-model")
+        await cluster.add_many(3, "--no-model")
         session = await cluster.wait_converged(expect_nodes=3)
         masters = [h for n in cluster.nodes if (h := await cluster.health(n)) and h["is_master"]]
         assert len(masters) == 1
@@ -91,8 +90,7 @@ async def test_three_nodes_converge_on_one_master_and_agree_on_state(tmp_path: P
 
 async def test_sigkill_of_the_master_elects_a_new_one_that_takes_commands(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
-        for _ in range(3):
-            await cluster.add("--no-model")
+        await cluster.add_many(3, "--no-model")
         master = await master_of(cluster)
         old = master.node_id
         assert master.process is not None
@@ -109,8 +107,7 @@ async def test_sigkill_of_the_master_elects_a_new_one_that_takes_commands(tmp_pa
 
 async def test_a_frozen_master_is_replaced_and_demotes_itself_on_return(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
-        for _ in range(3):
-            await cluster.add("--no-model")
+        await cluster.add_many(3, "--no-model")
         master = await master_of(cluster)
         old = master.node_id
         assert master.process is not None
@@ -138,8 +135,7 @@ async def test_a_frozen_master_is_replaced_and_demotes_itself_on_return(tmp_path
 
 async def test_a_fourth_node_joining_does_not_change_the_master(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
-        for _ in range(3):
-            await cluster.add("--no-model")
+        await cluster.add_many(3, "--no-model")
         before = await cluster.wait_converged(expect_nodes=3)
         await cluster.add("--no-model")
         after = await cluster.wait_converged(expect_nodes=4)
@@ -165,8 +161,7 @@ async def test_failover_with_a_loaded_runner_leaves_no_runner_and_serves_again(
 ) -> None:
     async with open_cluster(tmp_path) as cluster:
         slow = {HOOKS_ENV: "step_delay=0.05"}
-        for _ in range(3):
-            await cluster.add("--no-model", env=slow)
+        await cluster.add_many(3, "--no-model", env=slow)
         master = await master_of(cluster)
         worker = next(n for n in cluster.nodes if n is not master)
         entry = next(n for n in cluster.nodes if n is not master and n is not worker)
@@ -210,8 +205,7 @@ async def test_failover_with_a_loaded_runner_leaves_no_runner_and_serves_again(
 
 async def test_twenty_master_kills_leak_nothing(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
-        for _ in range(3):
-            await cluster.add("--no-model")
+        await cluster.add_many(3, "--no-model")
         await cluster.wait_converged(expect_nodes=3)
         fds_before = {
             n.name: psutil.Process(n.process.pid).num_fds() for n in cluster.nodes if n.process
@@ -294,8 +288,7 @@ async def test_sigint_with_peers_exits_cleanly(tmp_path: Path) -> None:
 
 async def test_three_nodes_with_the_default_model_place_it_once(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
-        for _ in range(3):
-            await cluster.add()
+        await cluster.add_many(3)
         await cluster.wait_converged(expect_nodes=3)
         state = (await cluster.http.get(f"{cluster.nodes[-1].url}/state")).json()
         assert len(state["instances"]) == 1

@@ -95,7 +95,8 @@ class Worker:
         self._runners: dict[RunnerId, _LocalRunner] = {}
         self._attempts: dict[InstanceId, int] = {}
         self._taken: set[RequestId] = set()
-        self._inflight: set[RequestId] = set()
+        self._inflight: dict[RequestId, RunnerSupervisor] = {}
+        """Tasks being forwarded now, and the runner each runs on."""
         self._cancelling: set[RequestId] = set()
         self._local_changed = trio.Event()
         self._reports_send, self._reports_receive = trio.open_memory_channel[LocalEvent](math.inf)
@@ -145,8 +146,8 @@ class Worker:
             await self._local_changed.wait()
 
     def _forget_ended_tasks(self, state: State) -> None:
-        self._taken -= self._taken - state.tasks.keys() - self._inflight
-        self._cancelling &= self._inflight
+        self._taken -= self._taken - state.tasks.keys() - self._inflight.keys()
+        self._cancelling &= self._inflight.keys()
 
     def _execute(self, action: object, nursery: trio.Nursery) -> None:
         match action:
@@ -157,8 +158,9 @@ class Worker:
                 self._runners[runner_id].scope.cancel()
             case ForwardTask(task=task, runner_id=runner_id):
                 self._taken.add(task.task_id)
-                self._inflight.add(task.task_id)
-                nursery.start_soon(self._forward, task, self._runners[runner_id].supervisor)
+                supervisor = self._runners[runner_id].supervisor
+                self._inflight[task.task_id] = supervisor
+                nursery.start_soon(self._forward, task, supervisor)
             case CancelTask(task_id=task_id):
                 self._cancelling.add(task_id)
                 nursery.start_soon(self._cancel, task_id)
@@ -240,13 +242,15 @@ class Worker:
             log.info("task %s: its requesting node is gone; cancelled", task.task_id)
             reason = "cancelled"
         finally:
-            self._inflight.discard(task.task_id)
+            self._inflight.pop(task.task_id, None)
             self._report(TaskReport(task.task_id, finish_reason=reason))
             self._changed()
 
     async def _cancel(self, task_id: RequestId) -> None:
-        for entry in self._runners.values():
-            await entry.supervisor.cancel(task_id)
+        """Tell the runner forwarding `task_id` to stop it; its stream then ends "cancelled"."""
+        supervisor = self._inflight.get(task_id)
+        if supervisor is not None:
+            await supervisor.cancel(task_id)
 
     async def _fail_task(self, task: Task, reason: str) -> None:
         await self._tell_origin(task, StreamFailed(task.task_id, reason))
