@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import nox
@@ -11,6 +12,11 @@ nox.options.sessions = ["tests", "lint"]
 
 # `session.run("python")` would find whatever `python` is on PATH, not this interpreter.
 PYTHON = sys.executable
+
+# nox looks for uv even when sessions make no virtualenv, and says it did not find it on
+# every run; with `venv_backend="none"` that line only misleads.
+UV_NOT_FOUND = "uv binary not found."
+logging.getLogger("nox").addFilter(lambda record: record.getMessage() != UV_NOT_FOUND)
 
 
 @nox.session

@@ -16,6 +16,8 @@ from trexo.types.models import DEMO_SOURCE_PREFIX, ModelRef
 
 FLOAT32_BYTES = 4
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".gguf")
+DEMO_MODELS_CREATED = 1_767_225_600
+"""2026-01-01T00:00:00Z: the demo models' `created`; their bytes depend only on size and seed."""
 
 
 def demo_model_ref(size: str = DEFAULT_DEMO_SIZE) -> ModelRef:
@@ -25,6 +27,7 @@ def demo_model_ref(size: str = DEFAULT_DEMO_SIZE) -> ModelRef:
         model_id=demo_model_name(size),
         source=f"{DEMO_SOURCE_PREFIX}{size}",
         size_bytes=spec.parameter_count * FLOAT32_BYTES,
+        created=DEMO_MODELS_CREATED,
     )
 
 
@@ -34,7 +37,8 @@ def local_model_ref(path: Path) -> ModelRef:
     if not (path / "config.json").is_file():
         raise ModelNotFound(f"{path} is not a model directory (no config.json)")
     size = sum(f.stat().st_size for f in path.iterdir() if f.suffix in WEIGHT_SUFFIXES)
-    return ModelRef(model_id=path.name, source=str(path), size_bytes=size)
+    created = int((path / "config.json").stat().st_mtime)
+    return ModelRef(model_id=path.name, source=str(path), size_bytes=size, created=created)
 
 
 def builtin_models() -> list[ModelRef]:

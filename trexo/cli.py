@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import ipaddress
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run large language models across a cluster of ordinary machines.",
     )
     parser.add_argument("--version", action="version", version=f"trexo {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = commands.add_parser(
         "run",
@@ -83,8 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="build the deterministic demo model and print its directory",
         description="Build (once) a deterministic demo model; the same seed gives identical bytes.",
     )
-    demo.add_argument("--size", choices=DEMO_MODEL_NAMES, default=DEFAULT_DEMO_SIZE)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--size",
+        choices=DEMO_MODEL_NAMES,
+        default=DEFAULT_DEMO_SIZE,
+        help="tiny (0.85 M parameters) or small (20 M) (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the random weights; the same seed gives identical files (default: 0)",
+    )
     _add_common(demo)
     return parser
 
@@ -167,7 +178,11 @@ def setup_logging(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     setup_logging(args)
     if args.command == "demo-model":
         return demo_model_command(args)
@@ -220,6 +235,8 @@ def run_command(args: argparse.Namespace) -> int:
         default_model=default,
         extra_models=tuple(extra),
     )
+    for warning in startup_warnings(config):
+        log.warning("%s", warning)
     try:
         return trio.run(functools.partial(run_node_until_signalled, config))
     except KeyboardInterrupt:
@@ -227,6 +244,31 @@ def run_command(args: argparse.Namespace) -> int:
         if _stopped_cleanly:
             return 0
         raise
+
+
+def startup_warnings(config: NodeConfig) -> list[str]:
+    """What a user should know before trusting this node: exposure, and a missing fast BLAS."""
+    from trexo.engine.blas import missing_openblas_warning
+
+    warnings = [missing_openblas_warning()]
+    if config.transport.secret is None and not _is_loopback(config.transport.host):
+        warnings.append(
+            f"the peer port listens on {config.transport.host}:{config.transport.port} with no "
+            "cluster secret: any machine that reaches it can join the cluster, be elected "
+            "master and see every prompt (links are not encrypted). To close it: "
+            "--cluster-secret S (or $TREXO_CLUSTER_SECRET), or --peer-host 127.0.0.1 "
+            "--no-multicast for a single machine"
+        )
+    return [w for w in warnings if w is not None]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a hostname: it may resolve to anything
 
 
 async def run_node_until_signalled(config: NodeConfig) -> int:
@@ -250,6 +292,7 @@ async def run_node_until_signalled(config: NodeConfig) -> int:
             with node_scope:
                 started = await nursery.start(node.run)
                 if config.default_model is None:
+                    await node.wait_joined()  # so that a placement right after it works
                     print(f"trexo is ready: API on {started.api_url} (no model placed)", flush=True)
                 await trio.sleep_forever()
             nursery.cancel_scope.cancel()

@@ -29,8 +29,10 @@ from trexo.errors import (
     GenerationFailed,
     InstanceNotFound,
     ModelNotFound,
+    NodeNotFound,
     NoSession,
     PlacementRefused,
+    TaskNotFound,
 )
 from trexo.net.router import PeerUnreachable, Router
 from trexo.net.stream_hub import StreamEvent, StreamHub
@@ -46,20 +48,29 @@ from trexo.types.commands import (
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, new_id
 from trexo.types.models import ModelRef
+from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerReady, RunnerRunning
 from trexo.types.session import Session
-from trexo.types.state import State
+from trexo.types.state import Instance, State
 from trexo.types.stream import CommandReply, StreamFailed
 from trexo.worker.state_view import StateView
 
 log = logging.getLogger(__name__)
 
-_REFUSALS: dict[str | None, type[ClusterError]] = {
-    "not_found": ModelNotFound,
-    "instance_not_found": InstanceNotFound,
-    "insufficient_memory": PlacementRefused,
-    "invalid": CommandRefused,
+_REFUSALS: dict[RefusalKind, type[ClusterError]] = {
+    RefusalKind.MODEL_NOT_FOUND: ModelNotFound,
+    RefusalKind.NODE_NOT_FOUND: NodeNotFound,
+    RefusalKind.INSTANCE_NOT_FOUND: InstanceNotFound,
+    RefusalKind.TASK_NOT_FOUND: TaskNotFound,
+    RefusalKind.INSUFFICIENT_MEMORY: PlacementRefused,
+    RefusalKind.INVALID: CommandRefused,
 }
+
+
+def serving(state: State, instance: Instance) -> bool:
+    """Whether `instance` can take a generation now: its lead runner is ready or running."""
+    lead = state.runners.get(instance.lead.runner_id)
+    return lead is not None and isinstance(lead.status, RunnerReady | RunnerRunning)
 
 
 class SessionTracker:
@@ -183,11 +194,13 @@ class ClusterClient:
         }
 
     def models(self) -> list[ModelListing]:
-        placed = {i.model.model_id for i in self.current_state().instances.values()}
+        state = self.current_state()
+        placed = {i.model.model_id for i in state.instances.values()}
+        ready = {i.model.model_id for i in state.instances.values() if serving(state, i)}
         known = {m.model_id: m for m in self._catalog()}
-        for instance in self.current_state().instances.values():
+        for instance in state.instances.values():
             known.setdefault(instance.model.model_id, instance.model)
-        return [ModelListing(m, m.model_id in placed) for m in known.values()]
+        return [ModelListing(m, m.model_id in placed, m.model_id in ready) for m in known.values()]
 
     def find_model(self, model_id: str) -> ModelRef:
         for listing in self.models():
@@ -211,7 +224,8 @@ class ClusterClient:
                     if reply is None:
                         continue  # a new session: ask its master
                     if reply.error is not None:
-                        raise _REFUSALS.get(reply.error_kind, CommandRefused)(reply.error)
+                        kind = reply.error_kind or RefusalKind.INVALID
+                        raise _REFUSALS[kind](reply.error)
                     return reply
         raise NoSession(f"no master answered within {self._command_wait:.0f} s; retry shortly")
 
@@ -258,15 +272,12 @@ class ClusterClient:
         return InstanceId(reply.result_id)
 
     async def delete_instance(self, instance_id: InstanceId) -> None:
-        try:
-            await self.command(DeleteInstance(new_id(), instance_id))
-        except ModelNotFound as exc:
-            raise InstanceNotFound(str(exc)) from None
+        await self.command(DeleteInstance(new_id(), instance_id))
 
     async def cancel(self, request_id: RequestId) -> bool:
         try:
             await self.command(CancelTask(new_id(), request_id))
-        except ModelNotFound:
+        except TaskNotFound:
             return False
         return True
 

@@ -61,6 +61,14 @@ class InstanceNotFound(ClusterError):
     """No instance with that id."""
 
 
+class NodeNotFound(ClusterError):
+    """A command named a node that is not in the cluster."""
+
+
+class TaskNotFound(ClusterError):
+    """No generation with that id is in flight."""
+
+
 class PlacementRefused(ClusterError):
     """The model cannot be placed (e.g. not enough memory); the message says why."""
 

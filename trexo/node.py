@@ -147,6 +147,11 @@ class Node:
             assert self.api_url is not None
             task_status.started(NodeStarted(self.node_id, self.api_url))
 
+    async def wait_joined(self) -> None:
+        """Until this node is in the cluster's state (its resources can be placed on)."""
+        while self.node_id not in (state := self.sessions.state()).nodes:
+            await self.sessions.wait_state_change(state.last_index)
+
     async def _trace_membership(self) -> None:
         peers = self.router.peers
         while True:

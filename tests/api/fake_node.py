@@ -77,7 +77,10 @@ class FakeNode:
 
     def models(self) -> list[ModelListing]:
         loaded = {instance.model.model_id for instance in self.state.instances.values()}
-        return [ModelListing(m, m.model_id in loaded) for m in (DEMO, OTHER, TOO_BIG)]
+        return [
+            ModelListing(m, m.model_id in loaded, m.model_id in loaded)
+            for m in (DEMO, OTHER, TOO_BIG)
+        ]
 
     async def place_instance(self, model_id: str, node_id: NodeId | None = None) -> InstanceId:
         await trio.lowlevel.checkpoint()

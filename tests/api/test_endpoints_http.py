@@ -21,10 +21,10 @@ async def test_models_list_in_openai_format(http: httpx.AsyncClient) -> None:
     assert response.status_code == 200
     body = response.json()
     assert body["object"] == "list"
-    assert [(m["id"], m["loaded"]) for m in body["data"]] == [
-        (DEMO.model_id, True),
-        (OTHER.model_id, False),
-        (TOO_BIG.model_id, False),
+    assert [(m["id"], m["placed"], m["ready"], m["loaded"]) for m in body["data"]] == [
+        (DEMO.model_id, True, True, True),
+        (OTHER.model_id, False, False, False),
+        (TOO_BIG.model_id, False, False, False),
     ]
     for model in body["data"]:
         assert model["object"] == "model"

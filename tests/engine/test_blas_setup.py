@@ -70,3 +70,27 @@ def test_importing_trexo_engine_blas_does_not_import_mlx() -> None:
         """
     )
     assert out.strip().endswith("False")
+
+
+def test_a_missing_openblas_is_a_warning_with_the_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ctypes.util
+
+    from trexo.engine import blas
+
+    monkeypatch.setattr(blas, "OPENBLAS_CANDIDATE_DIRS", ())
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    warning = blas.missing_openblas_warning()
+    if sys.platform == "linux":
+        assert warning is not None
+        assert "apt-get install libopenblas0-pthread" in warning
+    else:
+        assert warning is None
+
+
+@needs_linux_openblas
+def test_no_warning_when_openblas_is_there() -> None:
+    from trexo.engine.blas import missing_openblas_warning
+
+    assert missing_openblas_warning() is None

@@ -32,6 +32,7 @@ from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.local_events import NodeReport, RunnerReport, TaskReport
 from trexo.types.models import ModelRef
+from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerFailed, RunnerLoading, RunnerReady
 from trexo.types.state import Instance, NodeInfo, RunnerAssignment, State, Task
 
@@ -68,13 +69,13 @@ def test_place_refusals_have_kinds() -> None:
     state = apply_all(State(), [NodeUpdated(NodeInfo(A, "h", MiB, MiB))])
     short = decide(state, PlaceInstance("c", MODEL))
     assert isinstance(short, Refused)
-    assert short.kind == "insufficient_memory"
+    assert short.kind == RefusalKind.INSUFFICIENT_MEMORY
     assert "needs 12.0 MiB" in short.error
     ghost = decide(state, PlaceInstance("c", MODEL, NodeId("ghost")))
-    assert ghost == Refused("node ghost is not in the cluster", "not_found")
+    assert ghost == Refused("node ghost is not in the cluster", RefusalKind.NODE_NOT_FOUND)
     bad = decide(state, PlaceInstance("c", ModelRef("", "demo:tiny", 1)))
     assert isinstance(bad, Refused)
-    assert bad.kind == "invalid"
+    assert bad.kind == RefusalKind.INVALID
 
 
 def test_place_only_if_absent_answers_with_the_existing_instance() -> None:
@@ -91,7 +92,7 @@ def test_delete() -> None:
         (InstanceDeleted(InstanceId("i1")),), "i1"
     )
     assert decide(state, DeleteInstance("c", InstanceId("nope"))) == Refused(
-        "no instance nope", "not_found"
+        "no instance nope", RefusalKind.INSTANCE_NOT_FOUND
     )
 
 
@@ -101,12 +102,12 @@ def test_submit_creates_a_task_named_by_the_request() -> None:
     task = Task(RequestId("q1"), InstanceId("i1"), NodeId("origin"), request("q1"))
     assert decision == Accepted((TaskCreated(task),), "q1")
     assert decide(state, SubmitTask("c", "other", A, request("q2"))) == Refused(
-        "model other is not placed in the cluster", "not_found"
+        "model other is not placed in the cluster", RefusalKind.MODEL_NOT_FOUND
     )
     state = apply_all(state, [TaskCreated(task)])
     duplicate = decide(state, SubmitTask("c", "m", A, request("q1")))
     assert isinstance(duplicate, Refused)
-    assert duplicate.kind == "invalid"
+    assert duplicate.kind == RefusalKind.INVALID
 
 
 def test_cancel() -> None:
@@ -115,7 +116,9 @@ def test_cancel() -> None:
     assert decide(state, CancelTask("c", RequestId("q1"))) == Accepted(
         (TaskFinished(RequestId("q1"), "cancelled"),), "q1"
     )
-    assert decide(state, CancelTask("c", RequestId("zz"))) == Refused("no task zz", "not_found")
+    assert decide(state, CancelTask("c", RequestId("zz"))) == Refused(
+        "no task zz", RefusalKind.TASK_NOT_FOUND
+    )
 
 
 def test_choose_instance_prefers_ready_then_fewest_tasks() -> None:

@@ -30,6 +30,7 @@ from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
 from trexo.types.models import ModelRef
+from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerIdle, RunnerLoading, RunnerReady
 from trexo.types.session import Session
 from trexo.types.state import NodeInfo, State
@@ -175,7 +176,7 @@ async def test_place_refused_names_required_and_available_memory(tmp_path: Path)
         await h.report(NodeReport(node(NodeId("abc"), 50 * MiB)))
         await h.view.wait_until(lambda s: bool(s.nodes))
         reply = await place(h, NodeId("abc"))
-        assert reply.error_kind == "insufficient_memory"
+        assert reply.error_kind == RefusalKind.INSUFFICIENT_MEMORY
         assert (
             reply.error == "model trexo-demo-small needs 96.0 MiB, node abc has 50.0 MiB available"
         )
@@ -189,7 +190,7 @@ async def test_memory_reserved_by_a_placement_is_not_given_twice(tmp_path: Path)
         await h.view.wait_until(lambda s: bool(s.nodes))
         assert (await place(h)).error is None
         second = await place(h)
-        assert second.error_kind == "insufficient_memory"
+        assert second.error_kind == RefusalKind.INSUFFICIENT_MEMORY
         assert "54.0 MiB available" in (second.error or "")
 
 
@@ -197,13 +198,14 @@ async def test_unknown_ids_are_refused_as_not_found(tmp_path: Path) -> None:
     async with running(tmp_path) as h:
         assert (
             await h.command(lambda c: DeleteInstance(c, InstanceId("x")))
-        ).error_kind == "not_found"
-        assert (await h.command(lambda c: CancelTask(c, RequestId("x")))).error_kind == "not_found"
+        ).error_kind == RefusalKind.INSTANCE_NOT_FOUND
+        cancel = await h.command(lambda c: CancelTask(c, RequestId("x")))
+        assert cancel.error_kind == RefusalKind.TASK_NOT_FOUND
         submit = await h.command(lambda c: SubmitTask(c, "nope", ME, request("q")))
-        assert submit.error_kind == "not_found"
-        assert (await place(h, NodeId("ghost"))).error_kind == "not_found"
+        assert submit.error_kind == RefusalKind.MODEL_NOT_FOUND
+        assert (await place(h, NodeId("ghost"))).error_kind == RefusalKind.NODE_NOT_FOUND
         bad = await h.command(lambda c: RequestReplay(c, -1))
-        assert bad.error_kind == "invalid"
+        assert bad.error_kind == RefusalKind.INVALID
         stats = h.master.statistics()
         assert stats.commands_refused == 5
         assert stats.events_emitted == 0
@@ -261,7 +263,9 @@ async def test_malformed_payloads_are_dropped_with_a_log_line(
         await h.router.publish(Topic.LOCAL_EVENTS, "garbage")
         await h.router.publish(Topic.LOCAL_EVENTS, NodeReport(node(ME, MiB)))
         await h.view.wait_until(lambda s: bool(s.nodes))
-        assert (await h.command(lambda c: CancelTask(c, RequestId("x")))).error_kind == "not_found"
+        assert (
+            await h.command(lambda c: CancelTask(c, RequestId("x")))
+        ).error_kind == RefusalKind.TASK_NOT_FOUND
         assert h.master.statistics().payloads_dropped == 2
     messages = [r.getMessage() for r in caplog.records]
     assert any("dropped a dict payload on commands" in m for m in messages)
@@ -275,7 +279,9 @@ async def test_a_reply_to_a_vanished_sender_is_not_a_crash(tmp_path: Path) -> No
         envelope = Envelope(Topic.COMMANDS, NodeId("gone"), CancelTask("c-gone", RequestId("x")))
         await h.router.deliver(envelope)
         await h.router.deliver(Envelope(Topic.COMMANDS, NodeId("gone"), RequestReplay("r", 0)))
-        assert (await h.command(lambda c: CancelTask(c, RequestId("y")))).error_kind == "not_found"
+        assert (
+            await h.command(lambda c: CancelTask(c, RequestId("y")))
+        ).error_kind == RefusalKind.TASK_NOT_FOUND
         assert h.master.commands_seen == before + 3
 
 

@@ -20,6 +20,7 @@ from trexo.net.router import Envelope
 from trexo.net.topics import Topic
 from trexo.types.election import Campaign, Candidacy
 from trexo.types.ids import NodeId, RequestId
+from trexo.types.refusal import RefusalKind
 from trexo.types.stream import CommandReply, StreamFailed
 
 A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
@@ -33,7 +34,7 @@ A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
     [
         Envelope(Topic.ELECTION, A, Campaign(Candidacy(1, 2, 3, A))),
         Envelope(Topic.STREAM, A, StreamFailed(RequestId("r"), "unicode: é ✓")),
-        Envelope(Topic.STREAM, A, CommandReply("c", error="no", error_kind="invalid")),
+        Envelope(Topic.STREAM, A, CommandReply("c", error="no", error_kind=RefusalKind.INVALID)),
     ],
 )
 def test_envelopes_round_trip(envelope: Envelope) -> None:

@@ -50,7 +50,6 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
         MAX_CONTENT_LENGTH=config.max_body_bytes,
         PROPAGATE_EXCEPTIONS=False,  # never a traceback page, even in debug mode
     )
-    created = int(time.time())  # the `created` of every model: when this API came up
 
     def json_response(
         body: Any, status: int = 200, headers: Mapping[str, str] | None = None
@@ -102,14 +101,14 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
 
     @app.get("/v1/models")
     async def list_models() -> Response:
-        data = [model_object(listing, created) for listing in node.models()]
+        data = [model_object(listing) for listing in node.models()]
         return json_response({"object": "list", "data": data})
 
     @app.get("/v1/models/<path:model_id>")
     async def get_model(model_id: str) -> Response:
         for listing in node.models():
             if listing.model.model_id == model_id:
-                return json_response(model_object(listing, created))
+                return json_response(model_object(listing))
         raise ApiError(
             404,
             f"The model '{model_id}' does not exist.",
@@ -175,14 +174,17 @@ def sse_response(app: QuartTrio, body: AsyncIterator[bytes]) -> Response:
     return app.response_class(body, status=200, headers=SSE_HEADERS, content_type=SSE_CONTENT_TYPE)
 
 
-def model_object(listing: ModelListing, created: int) -> dict[str, Any]:
-    """A `/v1/models` entry; `loaded` (at least one instance placed) is trexo's extension."""
+def model_object(listing: ModelListing) -> dict[str, Any]:
+    """A `/v1/models` entry. trexo's extensions: `placed` (an instance exists, maybe still
+    loading) and `ready` (one can serve now); `loaded` is `ready`, under exo's name."""
     return {
         "id": listing.model.model_id,
         "object": "model",
-        "created": created,
+        "created": listing.model.created,
         "owned_by": OWNED_BY,
-        "loaded": listing.loaded,
+        "placed": listing.placed,
+        "ready": listing.ready,
+        "loaded": listing.ready,
     }
 
 

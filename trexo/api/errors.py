@@ -15,8 +15,10 @@ from trexo.errors import (
     GenerationFailed,
     InstanceNotFound,
     ModelNotFound,
+    NodeNotFound,
     NoSession,
     PlacementRefused,
+    TaskNotFound,
     TrexoError,
 )
 
@@ -93,6 +95,11 @@ def cluster_error_to_api(exc: ClusterError) -> ApiError:
             return ApiError(404, message, code="model_not_found")
         case InstanceNotFound():
             return ApiError(404, message, code="instance_not_found")
+        case NodeNotFound():
+            # A value in the body, not the URL's resource: a bad request.
+            return ApiError(400, message, param="node_id", code="node_not_found")
+        case TaskNotFound():
+            return ApiError(404, message, param="request_id", code="request_not_found")
         case PlacementRefused():
             return ApiError(400, message, code="placement_refused")
         case CommandRefused():

@@ -27,8 +27,10 @@ class ModelListing:
     """A model the cluster knows: `/v1/models` lists these."""
 
     model: ModelRef
-    loaded: bool
-    """True when at least one instance of it is placed."""
+    placed: bool
+    """At least one instance of it is placed (it may still be loading)."""
+    ready: bool
+    """At least one instance of it can serve now: its lead runner is ready or running."""
 
 
 class NodeHandle(Protocol):

@@ -31,6 +31,9 @@ OPENBLAS_CANDIDATE_DIRS = (
 )
 """Debian/Ubuntu multiarch dirs first, then the flat layouts of other distributions."""
 
+OPENBLAS_INSTALL_HINT = "apt-get install libopenblas0-pthread"
+"""What a Debian/Ubuntu user runs to get the OpenBLAS `find_openblas` looks for."""
+
 _loaded: ctypes.CDLL | None = None
 _loaded_path: str | None = None
 
@@ -43,6 +46,19 @@ def find_openblas() -> str | None:
             return str(candidate)
     # find_library returns a soname the dynamic loader resolves through its cache.
     return ctypes.util.find_library("openblas")
+
+
+def missing_openblas_warning() -> str | None:
+    """A warning for the node's log when MLX would run on its slow reference BLAS, else None.
+
+    The node says it once at start; its runners then only log at debug level.
+    """
+    if sys.platform != "linux" or find_openblas() is not None:
+        return None
+    return (
+        "no OpenBLAS found: MLX's CPU backend falls back to its reference BLAS, ~30x slower "
+        f"for matrix products; on Debian/Ubuntu run `{OPENBLAS_INSTALL_HINT}`"
+    )
 
 
 def _mlx_imported() -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Literal
 
 import attrs
 
@@ -32,12 +31,12 @@ from trexo.types.events import (
 )
 from trexo.types.ids import InstanceId, NodeId, RunnerId
 from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
+from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import TERMINAL_STATUSES, RunnerReady, RunnerRunning
 from trexo.types.state import Instance, NodeInfo, State, Task
 
 log = logging.getLogger(__name__)
 
-ErrorKind = Literal["not_found", "insufficient_memory", "invalid"]
 StateCommand = PlaceInstance | DeleteInstance | SubmitTask | CancelTask
 """The commands that change state (`RequestReplay` only reads the log)."""
 
@@ -52,7 +51,7 @@ class Accepted:
 @attrs.frozen
 class Refused:
     error: str
-    kind: ErrorKind
+    kind: RefusalKind
 
 
 Decision = Accepted | Refused
@@ -72,10 +71,10 @@ def decide_command(
                 return Accepted((), existing.instance_id)
             if not model.model_id or model.size_bytes < 0:
                 return Refused(
-                    f"invalid model {model.model_id!r} ({model.size_bytes} B)", "invalid"
+                    f"invalid model {model.model_id!r} ({model.size_bytes} B)", RefusalKind.INVALID
                 )
             if node_id is not None and node_id not in state.nodes:
-                return Refused(f"node {node_id} is not in the cluster", "not_found")
+                return Refused(f"node {node_id} is not in the cluster", RefusalKind.NODE_NOT_FOUND)
             try:
                 instance = place(
                     state,
@@ -86,23 +85,25 @@ def decide_command(
                     overhead=overhead,
                 )
             except PlacementRefused as exc:
-                return Refused(str(exc), "insufficient_memory")
+                return Refused(str(exc), RefusalKind.INSUFFICIENT_MEMORY)
             return Accepted((InstanceCreated(instance),), instance.instance_id)
         case DeleteInstance(_, instance_id):
             if instance_id not in state.instances:
-                return Refused(f"no instance {instance_id}", "not_found")
+                return Refused(f"no instance {instance_id}", RefusalKind.INSTANCE_NOT_FOUND)
             return Accepted((InstanceDeleted(instance_id),), instance_id)
         case SubmitTask(_, model_id, origin_node, request):
             if request.request_id in state.tasks:
-                return Refused(f"task {request.request_id} already exists", "invalid")
+                return Refused(f"task {request.request_id} already exists", RefusalKind.INVALID)
             chosen = choose_instance(state, model_id)
             if chosen is None:
-                return Refused(f"model {model_id} is not placed in the cluster", "not_found")
+                return Refused(
+                    f"model {model_id} is not placed in the cluster", RefusalKind.MODEL_NOT_FOUND
+                )
             task = Task(request.request_id, chosen.instance_id, origin_node, request)
             return Accepted((TaskCreated(task),), task.task_id)
         case CancelTask(_, task_id):
             if task_id not in state.tasks:
-                return Refused(f"no task {task_id}", "not_found")
+                return Refused(f"no task {task_id}", RefusalKind.TASK_NOT_FOUND)
             return Accepted((TaskFinished(task_id, "cancelled"),), task_id)
 
 

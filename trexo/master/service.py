@@ -43,6 +43,7 @@ from trexo.types.commands import Command, RequestReplay
 from trexo.types.events import Event, IndexedEvent
 from trexo.types.ids import NodeId, new_id
 from trexo.types.local_events import LocalEvent
+from trexo.types.refusal import RefusalKind
 from trexo.types.session import Session
 from trexo.types.state import State
 from trexo.types.stream import CommandReply, StreamFailed
@@ -248,7 +249,7 @@ class Master:
 
     async def _replay(self, sender: NodeId, command: RequestReplay) -> Decision:
         if command.from_index < 0:
-            return Refused(f"replay from negative index {command.from_index}", "invalid")
+            return Refused(f"replay from negative index {command.from_index}", RefusalKind.INVALID)
         self._replays_served += 1
         for event in self._events[command.from_index :]:
             if not await self._send(sender, Topic.GLOBAL_EVENTS, event):

@@ -98,6 +98,8 @@ class ComputeThread:
 
     def _load(self, job: LoadModel) -> None:
         self._status(RunnerLoading(0.0))
+        if self._hooks.load_delay:
+            time.sleep(self._hooks.load_delay)
         try:
             from trexo.engine.engine import Engine  # mlx is imported here, after BLAS setup
 
@@ -122,20 +124,15 @@ class ComputeThread:
         rid = request.request_id
         try:
             if self._should_stop(rid):
-                self._post(
-                    ChunkMessage(Chunk(rid, "", finish_reason="cancelled", usage=Usage(0, 0)))
-                )
+                # Cancelled while queued: it never reaches the engine, but ends the same way.
+                self._send_chunk(Chunk(rid, "", finish_reason="cancelled", usage=Usage(0, 0)))
             elif self._engine is None:
                 self._post(RequestFailed(rid, "no model is loaded in this runner"))
             else:
                 self._status(RunnerRunning(self._active()))
                 for chunk in self._engine.generate(request, lambda: self._should_stop(rid)):
-                    self._post(ChunkMessage(chunk))
-                    if chunk.finish_reason is not None:
-                        log.info(
-                            "generation %s finished: %s, %s", rid, chunk.finish_reason, chunk.usage
-                        )
-                    elif self._hooks.step_delay:
+                    self._send_chunk(chunk)
+                    if chunk.finish_reason is None and self._hooks.step_delay:
                         time.sleep(self._hooks.step_delay)
         except Exception as exc:
             log.exception("generation %s failed", rid)
@@ -147,6 +144,17 @@ class ComputeThread:
             if self._engine is not None:
                 active = self._active()
                 self._status(RunnerRunning(active) if active else RunnerReady())
+
+    def _send_chunk(self, chunk: Chunk) -> None:
+        """Post `chunk`; a final one is logged, whichever path ended the generation."""
+        self._post(ChunkMessage(chunk))
+        if chunk.finish_reason is not None:
+            log.info(
+                "generation %s finished: %s, %s",
+                chunk.request_id,
+                chunk.finish_reason,
+                chunk.usage,
+            )
 
     def _active(self) -> int:
         with self._lock:

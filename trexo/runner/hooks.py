@@ -21,6 +21,8 @@ class TestHooks:
     """Sleep this long after each decode step (makes generations slow enough to interrupt)."""
     garbage_after_ready: bool = False
     """Send an invalid frame to the parent once the model is ready."""
+    load_delay: float = 0.0
+    """Sleep this long before loading the model (makes "placed but not ready" observable)."""
 
 
 def parse_hooks(text: str) -> TestHooks:
@@ -30,7 +32,7 @@ def parse_hooks(text: str) -> TestHooks:
         name, _, value = item.partition("=")
         if name in ("ignore_shutdown", "garbage_after_ready"):
             values[name] = True
-        elif name == "step_delay":
+        elif name in ("step_delay", "load_delay"):
             values[name] = float(value)
         else:
             raise ValueError(f"unknown runner test hook {name!r}")

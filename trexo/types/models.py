@@ -19,6 +19,9 @@ class ModelRef:
     model_id: str
     source: str
     size_bytes: int
+    created: int = 0
+    """Unix time the model was made (OpenAI's `created`): stable across calls, nodes and
+    restarts. A local model's `config.json` modification time; a fixed date for demo models."""
 
     @property
     def demo_size(self) -> str | None:

@@ -6,6 +6,7 @@ import attrs
 
 from trexo.types.chunks import Chunk
 from trexo.types.ids import RequestId
+from trexo.types.refusal import RefusalKind
 
 
 @attrs.frozen
@@ -27,8 +28,7 @@ class CommandReply:
 
     command_id: str
     error: str | None = None
-    error_kind: str | None = None
-    """A machine-readable class of error: "not_found", "insufficient_memory", "invalid"."""
+    error_kind: RefusalKind | None = None
     result_id: str | None = None
 
 
