@@ -7,6 +7,7 @@ import functools
 import ipaddress
 import json
 import logging
+import logging.handlers
 import os
 import shlex
 import signal
@@ -36,7 +37,7 @@ _stopped_cleanly = False
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trexo.config import API_PORT, DEFAULT_API_HOST
+    from trexo.config import API_MAX_CONNECTIONS, API_PORT, DEFAULT_API_HOST
     from trexo.engine.demo_model import DEFAULT_DEMO_SIZE, DEMO_MODEL_NAMES
 
     parser = argparse.ArgumentParser(
@@ -76,6 +77,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=API_PORT,
         help="API port (default: %(default)s; 0 picks a free one)",
     )
+    run.add_argument(
+        "--api-max-connections",
+        type=_positive_int,
+        default=API_MAX_CONNECTIONS,
+        metavar="N",
+        help="HTTP connections served at once; more get 503 (default: %(default)s, "
+        "lowered to fit the file descriptor limit)",
+    )
+    run.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        type=_origin,
+        metavar="ORIGIN",
+        help="let web pages of ORIGIN (https://host[:port], or * for any) call the API "
+        "(repeatable; default: no cross-origin access)",
+    )
+    _add_limit_options(run)
     _add_cluster_options(run)
     _add_common(run)
 
@@ -154,6 +173,53 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_limit_options(parser: argparse.ArgumentParser) -> None:
+    from trexo.config import API_STALLED_CLIENT_TIMEOUT_S, DEFAULT_PREFILL_STEP_TOKENS
+
+    limits = parser.add_argument_group(
+        "limits",
+        "What one request may take. A request that does not fit is refused with a 400 "
+        "before it reaches the master.",
+    )
+    limits.add_argument(
+        "--max-context-tokens",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="cap prompt + max_tokens below the model's own context (default: the model's)",
+    )
+    limits.add_argument(
+        "--stalled-client-timeout",
+        type=float,
+        default=API_STALLED_CLIENT_TIMEOUT_S,
+        metavar="S",
+        help="cancel a stream whose client has not read for S seconds (default: %(default)s)",
+    )
+    limits.add_argument(
+        "--prefill-step",
+        type=_positive_int,
+        default=DEFAULT_PREFILL_STEP_TOKENS,
+        metavar="N",
+        help="prompt tokens prefilled per step; a cancel takes effect between steps "
+        "(default: %(default)s)",
+    )
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _origin(text: str) -> str:
+    from trexo.api.cors import normalize_origin
+
+    try:
+        return normalize_origin(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -172,9 +238,24 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
 
 
-def setup_logging(args: argparse.Namespace) -> None:
+def setup_logging(args: argparse.Namespace, log_file: Path | None = None) -> None:
+    """Log to stderr, and to `log_file` too (rotated) when given."""
+    from trexo.config import NODE_LOG_BACKUPS, NODE_LOG_MAX_BYTES
+
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+    if log_file is None:
+        return
+    try:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.handlers.RotatingFileHandler(
+            log_file, maxBytes=NODE_LOG_MAX_BYTES, backupCount=NODE_LOG_BACKUPS
+        )
+    except OSError as exc:
+        log.warning("cannot write the node log %s (%s); logging to stderr only", log_file, exc)
+        return
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().addHandler(handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    setup_logging(args)
+    setup_logging(args, _paths(args).node_log if args.command == "run" else None)
     if args.command == "demo-model":
         return demo_model_command(args)
     return run_command(args)
@@ -202,8 +283,9 @@ def demo_model_command(args: argparse.Namespace) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     from trexo import catalog
-    from trexo.config import ApiConfig, DiscoveryConfig, TransportConfig
+    from trexo.config import ApiConfig, DiscoveryConfig, RunnerConfig, TransportConfig
     from trexo.errors import ModelNotFound
+    from trexo.fd_limit import raise_fd_limit
     from trexo.node import NodeConfig
 
     extra = []
@@ -219,7 +301,15 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     config = NodeConfig(
         paths=_paths(args),
-        api=ApiConfig(host=args.api_host, port=args.api_port),
+        api=ApiConfig(
+            host=args.api_host,
+            port=args.api_port,
+            max_connections=args.api_max_connections,
+            cors_origins=tuple(args.cors_origin),
+            max_context_tokens=args.max_context_tokens,
+            stalled_client_timeout=args.stalled_client_timeout,
+        ),
+        runner=RunnerConfig(prefill_step=args.prefill_step),
         transport=TransportConfig(
             host=args.peer_host,
             port=args.peer_port,
@@ -237,6 +327,8 @@ def run_command(args: argparse.Namespace) -> int:
     )
     for warning in startup_warnings(config):
         log.warning("%s", warning)
+    # Process-wide, so here and not in `Node`: every client, runner and peer holds an fd.
+    raise_fd_limit()
     try:
         return trio.run(functools.partial(run_node_until_signalled, config))
     except KeyboardInterrupt:

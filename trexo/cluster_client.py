@@ -15,7 +15,9 @@ from typing import Any
 
 import trio
 
+from trexo.api.admission import PromptBudget
 from trexo.api.handle import ModelListing
+from trexo.availability import instance_availability, model_availability, problems
 from trexo.config import (
     CANCEL_SEND_TIMEOUT_S,
     COMMAND_RESEND_INITIAL_S,
@@ -27,8 +29,10 @@ from trexo.errors import (
     ClusterError,
     CommandRefused,
     GenerationFailed,
+    GenerationRejected,
     InstanceNotFound,
     ModelNotFound,
+    ModelUnavailable,
     NodeNotFound,
     NoSession,
     PlacementRefused,
@@ -37,6 +41,7 @@ from trexo.errors import (
 from trexo.net.router import PeerUnreachable, Router
 from trexo.net.stream_hub import StreamEvent, StreamHub
 from trexo.net.topics import Topic
+from trexo.prompt_counter import PromptCounter
 from trexo.types.chunks import Chunk
 from trexo.types.commands import (
     CancelTask,
@@ -45,13 +50,14 @@ from trexo.types.commands import (
     PlaceInstance,
     SubmitTask,
 )
+from trexo.types.failure import FailureKind
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, new_id
 from trexo.types.models import ModelRef
 from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerReady, RunnerRunning
 from trexo.types.session import Session
-from trexo.types.state import Instance, State
+from trexo.types.state import State
 from trexo.types.stream import CommandReply, StreamFailed
 from trexo.worker.state_view import StateView
 
@@ -65,12 +71,6 @@ _REFUSALS: dict[RefusalKind, type[ClusterError]] = {
     RefusalKind.INSUFFICIENT_MEMORY: PlacementRefused,
     RefusalKind.INVALID: CommandRefused,
 }
-
-
-def serving(state: State, instance: Instance) -> bool:
-    """Whether `instance` can take a generation now: its lead runner is ready or running."""
-    lead = state.runners.get(instance.lead.runner_id)
-    return lead is not None and isinstance(lead.status, RunnerReady | RunnerRunning)
 
 
 class SessionTracker:
@@ -121,6 +121,16 @@ class SessionTracker:
             nursery.start_soon(first, session_changed.wait)
 
 
+def stream_failure(failed: StreamFailed) -> ClusterError:
+    """The error a failed stream raises, by what kind of failure it was."""
+    match failed.kind:
+        case FailureKind.INVALID_REQUEST:
+            return GenerationRejected(failed.message)
+        case FailureKind.UNAVAILABLE:
+            return ModelUnavailable(failed.message)
+    return GenerationFailed(failed.message)
+
+
 class ChatStream:
     """A generation's chunks as they arrive; ends after the final chunk."""
 
@@ -139,7 +149,7 @@ class ChatStream:
             event = await self._events.receive()
             if isinstance(event, StreamFailed):
                 self.finished = True
-                raise GenerationFailed(event.message)
+                raise stream_failure(event)
             if event.chunk.finish_reason is not None:
                 self.finished = True
             return event.chunk
@@ -159,7 +169,9 @@ class ClusterClient:
         *,
         command_wait: float = COMMAND_WAIT_S,
         idle_timeout: float = GENERATION_IDLE_TIMEOUT_S,
+        prompt_counter: PromptCounter | None = None,
     ) -> None:
+        self._prompt_counter = prompt_counter
         self._router = router
         self._hub = hub
         self._sessions = sessions
@@ -181,8 +193,11 @@ class ClusterClient:
             for r in state.runners.values()
             if isinstance(r.status, RunnerReady | RunnerRunning)
         ]
+        degraded = problems(state)
+        status = "electing" if session is None else "degraded" if degraded else "ok"
         return {
-            "status": "ok" if session is not None else "electing",
+            "status": status,
+            "problems": degraded,
             "node_id": self.node_id,
             "session": None
             if session is None
@@ -196,7 +211,11 @@ class ClusterClient:
     def models(self) -> list[ModelListing]:
         state = self.current_state()
         placed = {i.model.model_id for i in state.instances.values()}
-        ready = {i.model.model_id for i in state.instances.values() if serving(state, i)}
+        ready = {
+            i.model.model_id
+            for i in state.instances.values()
+            if instance_availability(state, i).serving
+        }
         known = {m.model_id: m for m in self._catalog()}
         for instance in state.instances.values():
             known.setdefault(instance.model.model_id, instance.model)
@@ -281,10 +300,20 @@ class ClusterClient:
             return False
         return True
 
+    async def prompt_budget(self, model_id: str, request: GenerationRequest) -> PromptBudget | None:
+        if self._prompt_counter is None:
+            return None
+        return await self._prompt_counter.budget(self.find_model(model_id), request)
+
     @asynccontextmanager
     async def open_generation(
         self, model_id: str, request: GenerationRequest
     ) -> AsyncIterator[AsyncIterator[Chunk]]:
+        # Placed but not serving (loading, restarting): say so now, with when to retry,
+        # rather than queue the request behind a runner that is not there.
+        availability = model_availability(self.current_state(), model_id)
+        if availability is not None and not availability.serving:
+            raise ModelUnavailable(availability.reason, availability.retry_after)
         with self._hub.expect_stream(request.request_id) as events:
             await self.command(SubmitTask(new_id(), model_id, self.node_id, request))
             stream = ChatStream(events, self._idle_timeout)

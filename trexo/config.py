@@ -43,15 +43,40 @@ class Paths:
         return self.logs_dir / "runners"
 
     @property
+    def node_log(self) -> Path:
+        """The node's own log (rotated; see `NODE_LOG_MAX_BYTES`)."""
+        return self.logs_dir / "node.log"
+
+    @property
     def events_dir(self) -> Path:
         """The master's durable event logs, one file per session."""
         return self.data_dir / "events"
 
 
+# --- process -------------------------------------------------------------------------------
+
+FD_LIMIT_FALLBACK = 10240
+"""macOS refuses a soft file descriptor limit above OPEN_MAX (10240) even when the hard
+limit is "unlimited"; the node then raises its soft limit to this instead."""
+
+NODE_LOG_MAX_BYTES = 10 * 1024 * 1024
+"""The node log is rotated at this size ..."""
+NODE_LOG_BACKUPS = 3
+"""... keeping this many older files (node.log.1 ... node.log.3)."""
+
 # --- wire --------------------------------------------------------------------------------
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 """Largest frame body accepted on a runner socket or peer link; larger is a protocol error."""
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects accepted in JSON from outside (peers, runners, HTTP
+clients). Ours reaches 7 (an indexed event inside an envelope). Checked before parsing, so
+a hostile `[[[[...` costs one linear scan, never a recursion."""
+MAX_JSON_INT_DIGITS = 20
+"""Longest integer literal accepted in such JSON: 20 digits hold any 64-bit integer; longer
+ones are no value of ours (and Python converts them in quadratic time)."""
+MAX_ERROR_DETAIL_CHARS = 200
+"""How much of a bad input an error message (and so a log line or a refusal) quotes."""
 
 # --- runner ------------------------------------------------------------------------------
 
@@ -67,6 +92,9 @@ RUNNER_OPENBLAS_THREADS = 1
 """Several MLX processes on one machine thrash with OpenBLAS's default thread count."""
 LOAD_TIMEOUT_S = 300.0
 """Upper bound on loading a model into a runner (bounds the wait, not the runner)."""
+DEFAULT_PREFILL_STEP_TOKENS = 256
+"""Prompt tokens a runner prefills per step. A cancel (a client that left) takes effect
+between steps, so this bounds how long a cancelled long prompt keeps the runner busy."""
 
 
 @attrs.frozen
@@ -80,6 +108,7 @@ class RunnerConfig:
     load_timeout: float = LOAD_TIMEOUT_S
     max_frame_bytes: int = MAX_FRAME_BYTES
     openblas_threads: int = RUNNER_OPENBLAS_THREADS
+    prefill_step: int = DEFAULT_PREFILL_STEP_TOKENS
 
     @property
     def stop_bound(self) -> float:
@@ -111,13 +140,22 @@ class RestartPolicy:
         """Delay before restart number `attempt` (1-based)."""
         return min(self.backoff_max, self.backoff_initial * self.backoff_factor ** (attempt - 1))
 
+    def restart_delay(self, failures_in_window: int) -> float:
+        """Delay before restarting something that failed `failures_in_window` times within
+        the window: exponential backoff, and past `max_restarts` a cool-down of
+        `backoff_max` each time. It is never given up: it heals once it stops failing."""
+        if failures_in_window > self.max_restarts:
+            return self.backoff_max
+        return self.backoff(failures_in_window)
+
 
 # --- worker ----------------------------------------------------------------------------------
 
-RUNNER_MAX_ATTEMPTS = 3
-"""Starts of an instance's runner on one node before the worker gives up on it."""
-RUNNER_RETRY_BACKOFF_S = 1.0
-"""Pause before restarting a runner that failed."""
+RUNNER_RESTART_POLICY = RestartPolicy(
+    max_restarts=3, window=60.0, backoff_initial=0.5, backoff_max=30.0, backoff_factor=2.0
+)
+"""A runner that dies is restarted after 0.5, 1, 2 s; past 3 deaths within 60 s, every 30 s
+(a model that cannot load is not reloaded in a tight loop, and heals once it can)."""
 NODE_REPORT_INTERVAL_S = 5.0
 """How often a worker re-reports its node's memory figures."""
 STREAM_SEND_TIMEOUT_S = 10.0
@@ -137,6 +175,11 @@ An fsync takes 0.2 ms on a quiet disk but ~4 ms (p99 ~8 ms) while other processe
 over the ~1 ms an event may add to the master's hot path; so events are written and flushed
 one by one and fsynced in batches: a process crash loses nothing, a power loss this window.
 """
+EVENT_LOG_OPEN_RETRY_S = 0.5
+"""Out of file descriptors, opening the event log is tried again after this pause ..."""
+EVENT_LOG_OPEN_ATTEMPTS = 20
+"""... this many times in all (10 s), before the master gives up: without its log it cannot
+keep events durably, so its session ends (and the supervisor restarts it with backoff)."""
 
 
 REMEMBERED_REPLIES = 10_000
@@ -198,6 +241,30 @@ API_BODY_TIMEOUT_S = 30.0
 """How long a client may take to send its request body; slower is HTTP 408."""
 API_KEEPALIVE_INTERVAL_S = 15.0
 """A stream that has been silent this long gets an SSE comment, so proxies keep it open."""
+API_MAX_CONTEXT_TOKENS: int | None = None
+"""A cap on prompt + `max_tokens` below the model's own context (None: the model's)."""
+API_STALLED_CLIENT_TIMEOUT_S = 30.0
+"""A streaming client that has not taken a chunk for this long is treated as gone: its
+generation is cancelled, so a reader that stopped reading cannot hold the runner."""
+TOKENIZER_CACHE_SIZE = 8
+"""Tokenizers the API's node keeps loaded to count prompt tokens (least recently used go)."""
+API_MAX_CONNECTIONS = 1000
+"""HTTP connections served at once; more are answered 503 with `Retry-After` and closed.
+Lowered at start to fit the file descriptor limit (`API_FD_RESERVE`)."""
+API_FD_RESERVE = 256
+"""File descriptors kept for everything but HTTP clients (runners, peers, logs, refusals):
+the connection cap is at most `fd soft limit - API_FD_RESERVE` (at least half the limit)."""
+API_RETRY_AFTER_S = 1.0
+"""The `Retry-After` of a 503 for too many connections."""
+API_REFUSE_LINGER_S = 0.5
+"""A refused connection stays open this long after its 503 to read what the client sent,
+so that closing does not reset the connection before the client read the answer."""
+API_MAX_LINGERING = 64
+"""Refused connections kept lingering at once; past it they are closed right after the 503."""
+API_ACCEPT_RETRY_S = 0.1
+"""Out of file descriptors, `accept` is retried after this pause (the client waits queued)."""
+API_CORS_MAX_AGE_S = 600
+"""How long a browser may cache a CORS preflight answer."""
 
 
 @attrs.frozen
@@ -210,6 +277,13 @@ class ApiConfig:
     max_body_bytes: int = API_MAX_BODY_BYTES
     body_timeout: float = API_BODY_TIMEOUT_S
     keepalive_interval: float = API_KEEPALIVE_INTERVAL_S
+    max_context_tokens: int | None = API_MAX_CONTEXT_TOKENS
+    stalled_client_timeout: float = API_STALLED_CLIENT_TIMEOUT_S
+    max_connections: int = API_MAX_CONNECTIONS
+    retry_after: float = API_RETRY_AFTER_S
+    cors_origins: tuple[str, ...] = ()
+    """Origins whose web pages may call the API (`*`: any); none by default."""
+    cors_max_age: int = API_CORS_MAX_AGE_S
 
 
 # --- peer transport --------------------------------------------------------------------------

@@ -39,6 +39,10 @@ class LoadFailed(RunnerError):
     """The runner could not load the model."""
 
 
+class RequestRejected(RunnerError):
+    """The runner refused a request as it stands (e.g. it does not fit the context)."""
+
+
 class SupervisorGaveUp(TrexoError):
     """A supervised generation crashed more often than its restart intensity allows."""
 
@@ -78,7 +82,20 @@ class CommandRefused(ClusterError):
 
 
 class GenerationFailed(ClusterError):
-    """A generation ended in error (its runner failed, or the session ended)."""
+    """A generation ended in error for an unexpected reason."""
+
+
+class GenerationRejected(ClusterError):
+    """The request cannot be served as it is (e.g. it does not fit the model's context)."""
+
+
+class ModelUnavailable(ClusterError):
+    """The model is placed but cannot serve now (loading, or its runner restarting, or the
+    session changed under the request); retry shortly."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class LinkError(TrexoError):

@@ -24,6 +24,7 @@ from trexo.api.app import create_app
 from trexo.api.server import ApiServer
 from trexo.cluster_client import ClusterClient, SessionTracker
 from trexo.config import (
+    RUNNER_RESTART_POLICY,
     ApiConfig,
     DiscoveryConfig,
     ElectionConfig,
@@ -41,6 +42,7 @@ from trexo.net.discovery import Discovery
 from trexo.net.router import Router
 from trexo.net.stream_hub import StreamHub
 from trexo.net.transport import Transport
+from trexo.prompt_counter import PromptCounter
 from trexo.trace import trace, tracing
 from trexo.types.ids import InstanceId, NodeId
 from trexo.types.models import ModelRef
@@ -64,6 +66,9 @@ class NodeConfig:
     """Claim top seniority: this node wins every election it takes part in."""
     runner: RunnerConfig = RunnerConfig()
     restart: RestartPolicy = RestartPolicy()
+    """How the session supervisor restarts a crashed generation."""
+    runner_restart: RestartPolicy = RUNNER_RESTART_POLICY
+    """How a worker restarts a runner that died (it never gives up; it backs off)."""
     default_model: ModelRef | None = None
     """Placed once per session if the cluster has no instance of it (None: place nothing)."""
     extra_models: tuple[ModelRef, ...] = ()
@@ -89,7 +94,13 @@ class Node:
         self.router = Router(self.node_id)
         self.sessions = SessionTracker()
         self.hub = StreamHub(self.router)
-        self.client = ClusterClient(self.router, self.hub, self.sessions, self._catalog)
+        self.client = ClusterClient(
+            self.router,
+            self.hub,
+            self.sessions,
+            self._catalog,
+            prompt_counter=PromptCounter(config.paths.models_dir),
+        )
         self.api_url: str | None = None
         self.peer_port: int | None = None
         self._master: Master | None = None
@@ -201,6 +212,7 @@ class Node:
                     runner_config=self.config.runner,
                     runner_env=self.config.runner_env,
                     api_url=lambda: self.api_url,
+                    restart_policy=self.config.runner_restart,
                 )
                 await generation.start(worker.run)
                 self.sessions.set_session(session, view)

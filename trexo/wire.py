@@ -2,7 +2,8 @@
 
 Tagged unions carry their member's class name under `"type"`, so a JSON body reads like
 `{"type": "Generate", "request": {...}}`. Decoding never raises anything but `WireError`
-subclasses: a bad payload becomes a clear, typed error for the receiver to report.
+subclasses: a bad payload becomes a clear, typed error for the receiver to report. Bodies are
+parsed by `safe_json` (nesting depth, number sizes, strict UTF-8), then structured here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import cattrs
 import trio
 from cattrs.strategies import configure_tagged_union
 
+from trexo import safe_json
 from trexo.config import MAX_FRAME_BYTES
 from trexo.errors import FrameTooLarge, MalformedMessage, TruncatedFrame
 from trexo.types import commands, election, events, ipc, local_events, runner_status, stream
@@ -77,10 +79,11 @@ def to_json(msg: object, as_type: Any) -> bytes:
 
 def from_json(data: bytes | str, as_type: Any) -> Any:
     """Decode JSON into `as_type`, or raise `MalformedMessage` saying what is wrong."""
-    try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedMessage(f"not valid JSON: {exc}") from None
+    return structure(safe_json.loads(data), as_type)
+
+
+def structure(raw: Any, as_type: Any) -> Any:
+    """A parsed JSON value (from `safe_json.loads`) as `as_type`, or `MalformedMessage`."""
     name = _type_name(as_type)
     if as_type in _union_tags:
         _check_tag(raw, name, _union_tags[as_type])
@@ -94,9 +97,10 @@ def _check_tag(raw: Any, name: str, tags: frozenset[str]) -> None:
     if not isinstance(raw, dict):
         raise MalformedMessage(f"invalid {name}: expected a JSON object, got {type(raw).__name__}")
     tag = raw.get(TAG_FIELD)
-    if tag not in tags:
+    if not isinstance(tag, str) or tag not in tags:  # a list or an object is unhashable
         raise MalformedMessage(
-            f"invalid {name}: {TAG_FIELD!r} is {tag!r}, expected one of {sorted(tags)}"
+            f"invalid {name}: {TAG_FIELD!r} is {safe_json.excerpt(tag)}, "
+            f"expected one of {sorted(tags)}"
         )
 
 
@@ -105,9 +109,13 @@ def _type_name(as_type: Any) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, cattrs.BaseValidationError):
-        return "; ".join(cattrs.transform_error(exc, path="message", format_exception=_format_leaf))
-    return f"{type(exc).__name__}: {exc}"
+    try:
+        if isinstance(exc, cattrs.BaseValidationError):
+            leaves = cattrs.transform_error(exc, path="message", format_exception=_format_leaf)
+            return safe_json.bounded("; ".join(leaves))
+        return safe_json.bounded(f"{type(exc).__name__}: {exc}")
+    except Exception:  # describing a hostile value must not be what fails
+        return type(exc).__name__
 
 
 def _format_leaf(exc: BaseException, _type: Any) -> str:

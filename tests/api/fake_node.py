@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import trio
 
+from trexo.api.admission import PromptBudget
 from trexo.api.handle import ModelListing
 from trexo.errors import InstanceNotFound, ModelNotFound, NoSession, PlacementRefused
 from trexo.types.chunks import Chunk, FinishReason, Usage
@@ -25,6 +26,8 @@ DEMO = ModelRef("demo-tiny", "demo:tiny", 3_400_000)
 OTHER = ModelRef("org/other-model", "/models/other", 10_000_000)
 TOO_BIG = ModelRef("too-big", "/models/too-big", 10**15)
 NODE_ID = NodeId("fake-node")
+FAKE_CONTEXT = 100
+"""The fake DEMO model's context, in (fake, one per word) tokens."""
 
 
 @attrs.frozen
@@ -74,6 +77,13 @@ class FakeNode:
 
     def health(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "session": None if self.no_session else "s-1"}
+
+    async def prompt_budget(self, model_id: str, request: GenerationRequest) -> PromptBudget | None:
+        """One token per word of the messages; DEMO has a context of `FAKE_CONTEXT`."""
+        await trio.lowlevel.checkpoint()
+        if model_id != DEMO.model_id or request.messages is None:
+            return None
+        return PromptBudget(sum(len(m.content.split()) for m in request.messages), FAKE_CONTEXT)
 
     def models(self) -> list[ModelListing]:
         loaded = {instance.model.model_id for instance in self.state.instances.values()}

@@ -6,7 +6,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
@@ -48,9 +48,15 @@ class TrexoProcess:
 
 @asynccontextmanager
 async def run_trexo(
-    data_dir: Path, *args: str, env: dict[str, str] | None = None
+    data_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    entry: Sequence[str] = ("-m", "trexo"),
 ) -> AsyncIterator[TrexoProcess]:
     """Start `trexo run ARGS` (isolated on loopback), wait for its ready line, stop it after.
+
+    `entry` is what python runs: `-m trexo`, or a test's launcher script taking the same
+    arguments.
 
     Output goes to files, not pipes, so nothing has to keep reading while the test runs
     (and no nursery has to outlive this block: clusters start and stop nodes in any order).
@@ -58,7 +64,7 @@ async def run_trexo(
     data_dir.mkdir(parents=True, exist_ok=True)
     stdout_path = data_dir / "stdout.log"
     stdout_path.write_text("")
-    command = [sys.executable, "-m", "trexo", "run", "--data-dir", str(data_dir), *ISOLATED, *args]
+    command = [sys.executable, *entry, "run", "--data-dir", str(data_dir), *ISOLATED, *args]
     with (data_dir / "node.log").open("ab") as log_file, stdout_path.open("ab") as stdout:
         process = await trio.lowlevel.open_process(
             command, stdout=stdout, stderr=log_file, env={**os.environ, **(env or {})}

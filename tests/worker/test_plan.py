@@ -12,7 +12,6 @@ from trexo.types.shard import ShardSpec
 from trexo.types.state import Instance, RunnerAssignment, RunnerRecord, State, Task
 from trexo.worker.plan import (
     CancelTask,
-    FailTask,
     ForwardTask,
     LocalWorld,
     StartRunner,
@@ -57,12 +56,13 @@ def test_a_started_runner_is_not_started_again() -> None:
     assert plan(state_with(mine), LocalWorld(ME, runners=frozenset({RunnerId("r1")}))) == []
 
 
-def test_gives_up_after_max_attempts_and_fails_its_tasks() -> None:
+def test_a_dead_runner_is_started_again_once_its_supervisor_is_gone() -> None:
     mine = instance("i1", ME, "r1")
     t = task("t1", "i1")
-    local = LocalWorld(ME, attempts={InstanceId("i1"): 3})
-    actions = plan(state_with(mine, tasks=(t,)), local, max_attempts=3)
-    assert actions == [FailTask(t, "runner r1 failed 3 times")]
+    waiting = LocalWorld(ME, runners=frozenset({RunnerId("r1")}), taken=frozenset({t.task_id}))
+    assert plan(state_with(mine, tasks=(t,)), waiting) == []
+    gone = LocalWorld(ME, taken=frozenset({t.task_id}))
+    assert plan(state_with(mine, tasks=(t,)), gone) == [StartRunner(mine, mine.assignments[0])]
 
 
 def test_stops_runners_whose_instance_is_gone() -> None:

@@ -6,12 +6,12 @@ JSON body (`trexo.api.errors`); no HTML error page is ever sent.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import attrs
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import (
@@ -21,8 +21,11 @@ from werkzeug.exceptions import (
     RequestTimeout,
 )
 
-from trexo.api.chat_request import parse_chat_request
+from trexo import safe_json
+from trexo.api.admission import admit
+from trexo.api.chat_request import ChatRequest, parse_chat_request
 from trexo.api.completions import complete, open_stream
+from trexo.api.cors import CorsPolicy, register_cors
 from trexo.api.errors import ApiError, find_api_error, internal_error
 from trexo.api.exchange import ExchangeHTTPConnection
 from trexo.api.handle import ModelListing, NodeHandle
@@ -90,11 +93,15 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
-        chat = parse_chat_request(await read_json())
+        chat = await admitted(node, parse_chat_request(await read_json()), config)
         now = int(time.time())
         if chat.stream:
             body = await open_stream(
-                node, chat, created=now, keepalive_interval=config.keepalive_interval
+                node,
+                chat,
+                created=now,
+                keepalive_interval=config.keepalive_interval,
+                stalled_client_timeout=config.stalled_client_timeout,
             )
             return sse_response(app, body)
         return json_response(await complete(node, chat, created=now))
@@ -152,22 +159,38 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
             )
         return json_response({"request_id": request_id, "cancelled": True})
 
+    # After `read_body`: an OPTIONS request's body, if any, is read before it is answered.
+    register_cors(app, CorsPolicy(config.cors_origins, config.cors_max_age))
     return app
 
 
+async def admitted(node: NodeHandle, chat: ChatRequest, config: ApiConfig) -> ChatRequest:
+    """`chat` with `max_tokens` settled against the model's context, or a 400 (admission)."""
+    budget = await node.prompt_budget(chat.model_id, chat.generation)
+    if budget is None:
+        return chat  # counted by the runner, which has the tokenizer
+    generation = admit(
+        chat.generation,
+        budget,
+        requested_max_tokens=chat.requested_max_tokens,
+        cap=config.max_context_tokens,
+    )
+    return attrs.evolve(chat, generation=generation)
+
+
 async def read_json() -> Any:
-    """The request body as JSON; a 400 if it is not JSON (NaN and Infinity are not)."""
+    """The request body as JSON; a 400 if it is not JSON, or is hostile JSON (NaN, Infinity,
+    nesting past `MAX_JSON_DEPTH`, out-of-range numbers: see `trexo.safe_json`)."""
     data = await request.get_data(cache=True, as_text=False, parse_form_data=False)
     try:
-        return json.loads(data, parse_constant=_refuse_constant)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        # Lone surrogates pass here: the request's validation refuses them, naming the field.
+        return safe_json.loads(data, allow_lone_surrogates=True)
+    except safe_json.InvalidJson as exc:
         raise ApiError(
-            400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+            400,
+            f"We could not parse the JSON body of your request: {exc.detail}",
+            code="invalid_json",
         ) from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def sse_response(app: QuartTrio, body: AsyncIterator[bytes]) -> Response:

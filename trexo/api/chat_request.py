@@ -36,6 +36,7 @@ from trexo.api.validation import (
     same_json,
     unknown,
     unsupported,
+    valid_text,
 )
 from trexo.types.generation import ChatMessage, GenerationRequest, SamplingParams
 from trexo.types.ids import RequestId, new_id
@@ -45,6 +46,8 @@ MAX_STOP_SEQUENCES = 4
 """OpenAI's limit on `stop`."""
 MAX_SEED = 2**64 - 1
 """MLX seeds are unsigned 64-bit."""
+MAX_TOKENS_LIMIT = 2**31 - 1
+"""Beyond any model's context; the real bound is the context (`trexo.api.admission`)."""
 MESSAGE_ROLES: Final = frozenset({"system", "user", "assistant", "tool", "developer"})
 ROLE_ALIASES: Final = {"developer": "system"}
 
@@ -103,6 +106,8 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     """Streaming only: end the stream with a chunk carrying `usage` (`stream_options`)."""
+    requested_max_tokens: int | None = None
+    """`max_tokens` as the client gave it; None: what fits the context (see admission)."""
 
     @property
     def request_id(self) -> RequestId:
@@ -136,15 +141,17 @@ def parse_chat_request(body: Any, request_id: RequestId | None = None) -> ChatRe
 
     stream = read_bool(fields, "stream") or False
     include_usage = _parse_stream_options(fields, stream=stream)
+    params, requested_max_tokens = _parse_sampling(fields)
     return ChatRequest(
         model_id=model,
         generation=GenerationRequest(
             request_id=request_id or new_completion_id(),
             messages=messages,
-            params=_parse_sampling(fields),
+            params=params,
         ),
         stream=stream,
         include_usage=include_usage,
+        requested_max_tokens=requested_max_tokens,
     )
 
 
@@ -193,7 +200,7 @@ def _parse_message(raw: Any, where: str) -> ChatMessage:
 def _message_text(content: Any, where: str) -> str:
     """A message's text: a string, or the concatenation of its text parts."""
     if isinstance(content, str):
-        return content
+        return valid_text(content, f"{where}.content")
     if not isinstance(content, list):
         raise invalid_type(f"{where}.content", "a string or an array of content parts", content)
     texts = []
@@ -208,7 +215,7 @@ def _message_text(content: Any, where: str) -> str:
                 param=f"{at}.type",
                 code="unsupported_value",
             )
-        texts.append(required_str(part, "text", where=f"{at}.text"))
+        texts.append(valid_text(required_str(part, "text", where=f"{at}.text"), f"{at}.text"))
     return "".join(texts)
 
 
@@ -240,16 +247,18 @@ def _parse_stream_options(fields: Mapping[str, Any], *, stream: bool) -> bool:
     return read_bool(options, "include_usage", where="stream_options.include_usage") or False
 
 
-def _parse_sampling(fields: Mapping[str, Any]) -> SamplingParams:
+def _parse_sampling(fields: Mapping[str, Any]) -> tuple[SamplingParams, int | None]:
+    """The sampling parameters, and the `max_tokens` the client asked for (None if absent)."""
     defaults = SamplingParams()
-    max_tokens = read_int(fields, "max_tokens", low=1)
-    max_completion_tokens = read_int(fields, "max_completion_tokens", low=1)
+    max_tokens = read_int(fields, "max_tokens", low=1, high=MAX_TOKENS_LIMIT)
+    max_completion_tokens = read_int(fields, "max_completion_tokens", low=1, high=MAX_TOKENS_LIMIT)
     if None not in (max_tokens, max_completion_tokens) and max_tokens != max_completion_tokens:
         raise invalid_value(
             "max_completion_tokens", "it disagrees with max_tokens; give only one of them"
         )
-    return SamplingParams(
-        max_tokens=_first(max_completion_tokens, max_tokens, defaults.max_tokens),
+    requested = max_completion_tokens if max_completion_tokens is not None else max_tokens
+    params = SamplingParams(
+        max_tokens=_first(requested, defaults.max_tokens),
         temperature=_first(
             read_number(fields, "temperature", low=0.0, high=2.0), defaults.temperature
         ),
@@ -260,6 +269,7 @@ def _parse_sampling(fields: Mapping[str, Any]) -> SamplingParams:
         repetition_penalty=read_number(fields, "repetition_penalty", low=0.0, low_open=True),
         stop=_parse_stop(fields.get("stop")),
     )
+    return params, requested
 
 
 def _parse_stop(raw: Any) -> tuple[str, ...]:
@@ -278,6 +288,7 @@ def _parse_stop(raw: Any) -> tuple[str, ...]:
             raise invalid_type(where, "a string", stop)
         if not stop:
             raise invalid_value(where, "a stop sequence must not be empty")
+        valid_text(stop, where)
     return tuple(stops)
 
 

@@ -51,7 +51,12 @@ async def complete(node: NodeHandle, chat: ChatRequest, *, created: int) -> dict
 
 
 async def open_stream(
-    node: NodeHandle, chat: ChatRequest, *, created: int, keepalive_interval: float
+    node: NodeHandle,
+    chat: ChatRequest,
+    *,
+    created: int,
+    keepalive_interval: float,
+    stalled_client_timeout: float,
 ) -> AsyncIterator[bytes]:
     """Start the generation in this request's exchange nursery and return the SSE body.
 
@@ -60,7 +65,8 @@ async def open_stream(
     error event.
     """
     send, receive = trio.open_memory_channel[StreamItem](0)
-    await exchange_nursery().start(_generate, node, chat, send)
+    exchange = exchange_nursery()
+    await exchange.start(_generate, node, chat, send, stalled_client_timeout, exchange)
     encoder = ChunkEncoder(
         request_id=chat.request_id,
         model=chat.model_id,
@@ -74,10 +80,18 @@ async def _generate(
     node: NodeHandle,
     chat: ChatRequest,
     send: trio.MemorySendChannel[StreamItem],
+    stalled_client_timeout: float,
+    exchange: trio.Nursery,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Feed the generation's chunks to `send`; end with a finishing chunk or an error."""
+    """Feed the generation's chunks to `send`; end with a finishing chunk or an error.
+
+    The channel has no buffer: a chunk is handed over only when the body is ready to write
+    it, so a client that stops reading (its socket buffers full) stops the hand-over. Past
+    `stalled_client_timeout` it is treated as gone: its exchange is cancelled, which ends
+    the generation in the runner as a disconnect does.
+    """
     started = False
     async with send:
         try:
@@ -86,7 +100,18 @@ async def _generate(
                 started = True
                 async for chunk in stream:
                     _raise_if_failed(chunk)
-                    if not await _hand_over(send, chunk) or chunk.finish_reason is not None:
+                    with trio.move_on_after(stalled_client_timeout) as stalled:
+                        handed = await _hand_over(send, chunk)
+                    if stalled.cancelled_caught:
+                        logger.warning(
+                            "generation %s: the client has not read for %g s; treated as "
+                            "disconnected",
+                            chat.request_id,
+                            stalled_client_timeout,
+                        )
+                        exchange.cancel_scope.cancel()
+                        return
+                    if not handed or chunk.finish_reason is not None:
                         return
             raise GenerationFailed(UNFINISHED)
         except Exception as exc:

@@ -13,8 +13,10 @@ from trexo.errors import (
     ClusterError,
     CommandRefused,
     GenerationFailed,
+    GenerationRejected,
     InstanceNotFound,
     ModelNotFound,
+    ModelUnavailable,
     NodeNotFound,
     NoSession,
     PlacementRefused,
@@ -104,6 +106,16 @@ def cluster_error_to_api(exc: ClusterError) -> ApiError:
             return ApiError(400, message, code="placement_refused")
         case CommandRefused():
             return ApiError(400, message, code="command_refused")
+        case ModelUnavailable():
+            return ApiError(
+                503,
+                message,
+                type=SERVER_ERROR,
+                code="model_unavailable",
+                retry_after_s=exc.retry_after_s,
+            )
+        case GenerationRejected():
+            return ApiError(400, message, code="invalid_request")
         case GenerationFailed():
             return ApiError(500, message, type=SERVER_ERROR, code="generation_failed")
         case _:

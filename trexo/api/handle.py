@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from trexo.api.admission import PromptBudget
 from trexo.types.chunks import Chunk
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId
@@ -54,12 +55,19 @@ class NodeHandle(Protocol):
 
     async def delete_instance(self, instance_id: InstanceId) -> None: ...
 
+    async def prompt_budget(self, model_id: str, request: GenerationRequest) -> PromptBudget | None:
+        """The request's prompt tokens and the model's context; None if this node cannot
+        count them (the model's files are elsewhere: its runner then checks the limit)."""
+        ...
+
     def open_generation(
         self, model_id: str, request: GenerationRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
         """Submit a generation and stream its chunks; leaving the block early cancels it.
 
-        Raises `NoSession`, `ModelNotFound` on entry; the iterator raises `GenerationFailed`.
+        Raises `NoSession`, `ModelNotFound`, `ModelUnavailable` (placed but not serving now)
+        on entry; the iterator raises `GenerationFailed`, `GenerationRejected` or
+        `ModelUnavailable`.
         """
         ...
 

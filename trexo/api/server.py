@@ -1,4 +1,10 @@
-"""The API service: serves the app (`trexo.api.app.create_app`) with hypercorn's trio worker."""
+"""The API service: serves the app (`trexo.api.app.create_app`) with hypercorn's trio worker.
+
+`serve` is `hypercorn.trio.serve` for plain HTTP with two things hypercorn's config cannot
+express (`trexo.api.connections`): a cap on concurrent connections, and an accept loop that
+waits out a lack of file descriptors. Its pieces (lifespan, `TCPServer` per connection)
+are hypercorn's own; only the listening loop is ours.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +16,21 @@ import attrs
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.logging import Logger as HypercornLogger
-from hypercorn.trio import serve
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState, LifespanState
+from hypercorn.utils import repr_socket_addr, wrap_app
 from quart_trio import QuartTrio
 
-from trexo.config import ApiConfig
+from trexo.api.connections import ConnectionCap, PatientListener
+from trexo.config import API_FD_RESERVE, ApiConfig
+from trexo.fd_limit import fd_soft_limit
 
 SERVER_LOGGER = "trexo.api.server"
 ACCESS_LOGGER = "trexo.api.access"
+
+log = logging.getLogger(SERVER_LOGGER)
 
 
 @attrs.define
@@ -30,20 +44,74 @@ class ApiServer:
 
     app: QuartTrio
     config: ApiConfig = attrs.field(factory=ApiConfig)
+    cap: ConnectionCap = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        limit = connection_limit(self.config.max_connections, fd_soft_limit())
+        self.cap = ConnectionCap(limit, retry_after=self.config.retry_after)
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.cap.limit < self.config.max_connections:
+            log.warning(
+                "serving at most %d HTTP connections, not %d: the file descriptor limit is %d",
+                self.cap.limit,
+                self.config.max_connections,
+                fd_soft_limit(),
+            )
         async with trio.open_nursery() as nursery:
-            # Hypercorn reports the addresses it bound once its sockets listen.
             binds: list[str] = await nursery.start(
-                partial(
-                    serve,
-                    self.app,
-                    hypercorn_config(self.config),
-                    # Stop is cancellation (DESIGN §1): no graceful-shutdown trigger.
-                    shutdown_trigger=trio.sleep_forever,
-                )
+                serve, self.app, hypercorn_config(self.config), self.cap
             )
             task_status.started(binds[0])
+
+
+def connection_limit(configured: int, fd_limit: int) -> int:
+    """The connection cap: `configured`, lowered to leave `API_FD_RESERVE` descriptors (at
+    least half of `fd_limit`) to the rest of the node."""
+    return max(1, min(configured, max(fd_limit - API_FD_RESERVE, fd_limit // 2)))
+
+
+async def serve(
+    app: Any,
+    config: HypercornConfig,
+    cap: ConnectionCap,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the ASGI `app` over plain HTTP on `config.bind` until cancelled.
+
+    Reports the bound URLs. Stop is cancellation (DESIGN §1): no graceful shutdown.
+    """
+    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    lifespan_state: LifespanState = {}
+    lifespan = Lifespan(asgi, config, lifespan_state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        listeners: list[PatientListener] = []
+        binds: list[str] = []
+        for sock in config.create_sockets().insecure_sockets:
+            sock.listen(config.backlog)
+            listeners.append(
+                PatientListener(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+            )
+            binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+        connection = partial(
+            _TCPServer, asgi, config, context, ConnectionState(lifespan_state.copy())
+        )
+        await nursery.start(trio.serve_listeners, cap.wrap(connection), listeners)
+        task_status.started(binds)
+
+
+class _TCPServer(TCPServer):
+    """Hypercorn's connection, closed as soon as its client is: hypercorn keeps an idle
+    connection (no request in flight) whose client closed until its keep-alive timer ends
+    (5 s), holding its file descriptor and its place under the connection cap."""
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        await self.idle_task.stop()  # nothing more will be read: no keep-alive to time
 
 
 def hypercorn_config(config: ApiConfig) -> HypercornConfig:

@@ -167,3 +167,17 @@ def unknown(param: str) -> ApiError:
         param=param,
         code="unknown_parameter",
     )
+
+
+def valid_text(value: str, where: str) -> str:
+    """`value`, unless it holds a lone surrogate (valid JSON, but not Unicode text)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start]
+        raise invalid_value(
+            where,
+            f"the text holds a lone surrogate (U+{ord(bad):04X}) at position {exc.start}; "
+            "text must be valid Unicode",
+        ) from None
+    return value

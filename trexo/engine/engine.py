@@ -17,6 +17,8 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
 
+from trexo.config import DEFAULT_PREFILL_STEP_TOKENS
+from trexo.engine.prompt import encode_prompt, read_context_length
 from trexo.engine.stops import StopMatcher
 from trexo.types.chunks import Chunk, FinishReason, Usage
 from trexo.types.generation import GenerationRequest, SamplingParams
@@ -35,13 +37,36 @@ def _no_progress(_: float) -> None:
     pass
 
 
+class _PrefillCancelled(Exception):
+    """Raised from mlx-lm's prefill progress callback to abandon a cancelled prefill."""
+
+
+def check_fits(prompt_tokens: int, max_tokens: int, context: int) -> None:
+    """`ValueError` naming the numbers unless the prompt plus `max_tokens` fit `context`."""
+    if prompt_tokens + max_tokens > context:
+        raise ValueError(
+            f"the prompt has {prompt_tokens} tokens and max_tokens is {max_tokens}: "
+            f"{prompt_tokens + max_tokens} tokens do not fit the model's context of {context}"
+        )
+
+
 class Engine:
     """One loaded model and its tokenizer."""
 
-    def __init__(self, model: Any, tokenizer: TokenizerWrapper, model_dir: Path) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: TokenizerWrapper,
+        model_dir: Path,
+        *,
+        prefill_step: int = DEFAULT_PREFILL_STEP_TOKENS,
+    ) -> None:
         self._model = model
         self._tokenizer = tokenizer
         self._model_dir = model_dir
+        self._prefill_step = prefill_step
+        self.context_length = read_context_length(model_dir)
+        """The model's context (prompt + output tokens), if its config states one."""
 
     @classmethod
     def load(
@@ -49,6 +74,8 @@ class Engine:
         model_dir: Path,
         shard: ShardSpec = ShardSpec(),
         on_progress: ProgressCallback | None = None,
+        *,
+        prefill_step: int = DEFAULT_PREFILL_STEP_TOKENS,
     ) -> Engine:
         """Load the mlx-lm model in local directory `model_dir`, reporting progress in [0, 1].
 
@@ -68,7 +95,7 @@ class Engine:
             model_dir, eos_token_ids=config.get("eos_token_id")
         )
         progress(1.0)
-        return cls(model, tokenizer, model_dir)
+        return cls(model, tokenizer, model_dir, prefill_step=prefill_step)
 
     @property
     def model(self) -> Any:
@@ -91,18 +118,8 @@ class Engine:
             pass
 
     def encode_prompt(self, request: GenerationRequest) -> list[int]:
-        """The prompt's token ids: the chat template applied to `messages`, or `prompt`."""
-        if request.messages is not None:
-            messages = [{"role": m.role, "content": m.content} for m in request.messages]
-            tokens = self._tokenizer.apply_chat_template(  # type: ignore[no-untyped-call]
-                messages, add_generation_prompt=True
-            )
-            return list(tokens)
-        assert request.prompt is not None
-        # As mlx-lm does for text prompts: add BOS unless the prompt already starts with it.
-        bos = self._tokenizer.bos_token
-        add_special = bos is None or not request.prompt.startswith(bos)
-        return list(self._tokenizer.encode(request.prompt, add_special_tokens=add_special))
+        """The prompt's token ids (`trexo.engine.prompt.encode_prompt`)."""
+        return encode_prompt(self._tokenizer, request)
 
     def generate(
         self, request: GenerationRequest, should_stop: Callable[[], bool]
@@ -132,6 +149,8 @@ class Engine:
         prompt = self.encode_prompt(request)
         if not prompt:
             raise ValueError("the prompt encodes to no tokens")
+        if self.context_length is not None:
+            check_fits(len(prompt), params.max_tokens, self.context_length)
         return self._stream(request.request_id, prompt, params, should_stop)
 
     def _stream(
@@ -149,6 +168,13 @@ class Engine:
         if should_stop():
             yield final("", (), "cancelled")
             return
+
+        def between_prefill_chunks(done: int, total: int) -> None:
+            # mlx-lm prefills in chunks of `prefill_step_size` and calls this after each:
+            # the one place a long prompt's prefill can be interrupted.
+            if done < total and should_stop():
+                raise _PrefillCancelled
+
         if params.seed is not None:
             mx.random.seed(params.seed)
         matcher = StopMatcher(params.stop)
@@ -167,6 +193,8 @@ class Engine:
                 top_k=params.top_k,
             ),
             logits_processors=make_logits_processors(repetition_penalty=params.repetition_penalty),
+            prefill_step_size=self._prefill_step,
+            prompt_progress_callback=between_prefill_chunks,
         )
         try:
             for response in responses:
@@ -192,6 +220,9 @@ class Engine:
                     text = tail.text if tail.stopped else tail.text + matcher.flush()
                     yield final(text, (), "cancelled")
                     return
+        except _PrefillCancelled:
+            yield final("", (), "cancelled")
+            return
         finally:
             # Closing stream_generate ends its generator steps and waits for pending compute.
             responses.close()

@@ -32,6 +32,7 @@ import math
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
@@ -39,8 +40,13 @@ import attrs
 import trio
 
 from trexo import wire
-from trexo.config import EVENT_LOG_FSYNC_INTERVAL_S
+from trexo.config import (
+    EVENT_LOG_FSYNC_INTERVAL_S,
+    EVENT_LOG_OPEN_ATTEMPTS,
+    EVENT_LOG_OPEN_RETRY_S,
+)
 from trexo.errors import MalformedMessage
+from trexo.fd_limit import retry_on_fd_exhaustion
 from trexo.types.events import IndexedEvent
 from trexo.types.session import Session
 
@@ -178,14 +184,24 @@ class EventLog:
 
 @asynccontextmanager
 async def open_event_log(
-    path: Path, *, fsync_interval: float = EVENT_LOG_FSYNC_INTERVAL_S
+    path: Path,
+    *,
+    fsync_interval: float = EVENT_LOG_FSYNC_INTERVAL_S,
+    open_attempts: int = EVENT_LOG_OPEN_ATTEMPTS,
+    open_retry: float = EVENT_LOG_OPEN_RETRY_S,
 ) -> AsyncIterator[EventLog]:
     """Open (creating, or appending to) the log at `path`; fsynced and closed on exit.
 
     An existing file's truncated last line is cut off first, so new records start on a
-    line of their own.
+    line of their own. Out of file descriptors, the open is tried `open_attempts` times,
+    `open_retry` seconds apart, before the error is raised.
     """
-    file = await trio.to_thread.run_sync(_open_for_append, path)
+    file = await retry_on_fd_exhaustion(
+        partial(_open_for_append, path),
+        what=f"event log {path}",
+        attempts=open_attempts,
+        interval=open_retry,
+    )
     event_log = EventLog(path, file, fsync_interval)
     try:
         async with trio.open_nursery() as nursery:
@@ -201,14 +217,18 @@ async def open_event_log(
 
 def _open_for_append(path: Path) -> BinaryIO:
     path.parent.mkdir(parents=True, exist_ok=True)
-    existed = path.exists()
-    if existed:
+    if path.exists():
         _, good = scan_log(path)
         if good < path.stat().st_size:
             os.truncate(path, good)
     file = open(path, "ab")  # noqa: SIM115 - closed by EventLog._close
-    if not existed:
-        _fsync_dir(path.parent)  # make the new file's directory entry durable too
+    try:
+        # Make a new file's directory entry durable too; done on every open so that a retry
+        # after a failure here (`open_event_log`) still does it.
+        _fsync_dir(path.parent)
+    except BaseException:
+        file.close()
+        raise
     return file
 
 

@@ -18,13 +18,15 @@ from __future__ import annotations
 import logging
 import typing
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
-from trexo.config import MasterConfig
+from trexo.config import EVENT_LOG_OPEN_ATTEMPTS, EVENT_LOG_OPEN_RETRY_S, MasterConfig
+from trexo.fd_limit import retry_on_fd_exhaustion
 from trexo.master.decide import (
     Accepted,
     Decision,
@@ -158,7 +160,12 @@ class Master:
         self._state, self._events = State(), []
         if not await trio.to_thread.run_sync(self.log_path.exists):
             return False
-        events = await trio.to_thread.run_sync(read_log, self.log_path)
+        events = await retry_on_fd_exhaustion(
+            partial(read_log, self.log_path),
+            what=f"reading event log {self.log_path}",
+            attempts=EVENT_LOG_OPEN_ATTEMPTS,
+            interval=EVENT_LOG_OPEN_RETRY_S,
+        )
         if not events:
             return False
         for expected, event in enumerate(events):

@@ -8,17 +8,17 @@ the caller's: it bounds the whole handshake.
 
 from __future__ import annotations
 
-import json
 from contextlib import suppress
 from typing import NoReturn, TypeVar
 
 import attrs
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from trexo import wire
+from trexo import safe_json, wire
 from trexo.errors import DialFailed, PeerRefused, WireError
 from trexo.net import handshake as hs
 from trexo.net.gossip import PeerInfo
+from trexo.safe_json import bounded
 
 M = TypeVar("M", hs.Hello, hs.Proof, hs.Ready)
 
@@ -76,18 +76,18 @@ async def _receive(ws: WebSocketConnection, expected: type[M], me: hs.Identity) 
     if not isinstance(text, str):
         await _refuse(ws, hs.Refusal(hs.PROTOCOL, "binary message during the handshake"))
     try:
-        raw = json.loads(text)
-    except ValueError:
-        await _refuse(ws, hs.Refusal(hs.PROTOCOL, "handshake message is not valid JSON"))
+        raw = safe_json.loads(text)
+    except WireError as exc:
+        await _refuse(ws, hs.Refusal(hs.PROTOCOL, f"handshake message is {exc}"))
     refusal = hs.check_version(raw, me.version)
     if refusal is not None:
         await _refuse(ws, refusal)
     try:
-        message = wire.from_json(text, hs.HandshakeMessage)
+        message = wire.structure(raw, hs.HandshakeMessage)
     except WireError as exc:
         await _refuse(ws, hs.Refusal(hs.PROTOCOL, f"bad handshake message: {exc}"))
     if isinstance(message, hs.Refuse):
-        raise PeerRefused(message.reason, message.code, by_peer=True)
+        raise PeerRefused(bounded(message.reason), bounded(message.code), by_peer=True)
     if not isinstance(message, expected):
         got = type(message).__name__
         await _refuse(ws, hs.Refusal(hs.PROTOCOL, f"expected {expected.__name__}, got {got}"))
@@ -96,6 +96,8 @@ async def _receive(ws: WebSocketConnection, expected: type[M], me: hs.Identity) 
 
 async def _refuse(ws: WebSocketConnection, refusal: hs.Refusal) -> NoReturn:
     """Tell the peer why, then raise; the caller closes the connection."""
+    # A reason may quote what the peer sent (its version, say): keep it short.
+    refusal = attrs.evolve(refusal, reason=bounded(refusal.reason))
     with suppress(ConnectionClosed):  # if it left already, the refusal is still ours to log
         await ws.send_message(wire.to_json(refusal.message(), hs.HandshakeMessage).decode())
     raise PeerRefused(refusal.reason, refusal.code, by_peer=False)

@@ -15,6 +15,7 @@ import trio
 
 from trexo.net.router import Router
 from trexo.net.topics import Topic
+from trexo.types.failure import FailureKind
 from trexo.types.ids import RequestId
 from trexo.types.stream import CommandReply, StreamChunk, StreamFailed
 
@@ -85,4 +86,4 @@ class StreamHub:
     def fail_all_streams(self, message: str) -> None:
         """End every open stream with an error (the session that served them is over)."""
         for request_id, channel in self._streams.items():
-            channel.send_nowait(StreamFailed(request_id, message))
+            channel.send_nowait(StreamFailed(request_id, message, FailureKind.UNAVAILABLE))

@@ -39,12 +39,15 @@ from trexo.net.gossip import PeerInfo, PeerList, peer_lists, should_dial
 from trexo.net.handshake_io import accept_handshake, dial_handshake
 from trexo.net.link import CLOSE_REFUSED, CLOSE_SUPERSEDED, MAX_CLOSE_REASON, Link
 from trexo.net.router import Router
+from trexo.safe_json import bounded, excerpt
 from trexo.types.ids import NodeId
 
 log = logging.getLogger(__name__)
 
 RESOURCE = "/trexo"
-"""The websocket path peers dial."""
+"""The websocket path peers dial; an upgrade on any other path is refused."""
+WRONG_PATH_STATUS = 404
+WRONG_PATH_BODY = b"not a trexo peer endpoint\n"
 READER_BREAKS = (ConnectionClosed, trio.BrokenResourceError, LocalProtocolError)
 """What trio-websocket's reader task may raise when a connection breaks under it: a reset
 while it answers garbage, or a ping that arrives while we close (it then tries to pong in
@@ -147,7 +150,7 @@ class Transport:
         *,
         task_status: trio.TaskStatus[NodeId] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        address = f"{host}:{port}"
+        address = bounded(f"{host}:{port}")  # from gossip or a beacon: a peer chose it
         failure: LinkError | None = None
         started = _StartedFlag(task_status)
         try:
@@ -183,8 +186,11 @@ class Transport:
             with trio.fail_after(cfg.handshake_timeout):
                 try:
                     stream = await trio.open_tcp_stream(host, port)
-                except OSError as exc:
-                    raise DialFailed(f"cannot reach {host}:{port}: {exc}") from None
+                except (OSError, ValueError, OverflowError) as exc:
+                    # Addresses come from gossip and beacons, so from peers: a host name
+                    # IDNA cannot encode is a UnicodeError, a port past 2**63 an OverflowError.
+                    address = bounded(f"{host}:{port}")
+                    raise DialFailed(f"cannot reach {address}: {exc}") from None
                 ws = await wrap_client_stream(
                     nursery,
                     stream,
@@ -232,6 +238,17 @@ class Transport:
                     message_queue_size=cfg.message_queue,
                     max_message_size=cfg.hard_message_bytes,
                 )
+                if request.path != RESOURCE:
+                    # Not a peer (a scanner, a browser, another service's client): no
+                    # websocket for it, so nothing of ours ever reads what it sends.
+                    log.info(
+                        "refused a websocket upgrade from %s: path %s is not %s",
+                        address,
+                        excerpt(request.path),
+                        RESOURCE,
+                    )
+                    await request.reject(WRONG_PATH_STATUS, body=WRONG_PATH_BODY)
+                    return
                 ws = await request.accept()
                 _ours, theirs = await accept_handshake(ws, self._identity(), self._peer_infos())
         except trio.TooSlowError:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from trexo.runner.hooks import TestHooks
 from trexo.types.chunks import Chunk, Usage
+from trexo.types.failure import FailureKind
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import RequestId
 from trexo.types.ipc import ChunkMessage, FromRunner, LoadModel, RequestFailed, StatusReport
@@ -107,6 +108,7 @@ class ComputeThread:
                 Path(job.model_dir),
                 job.shard,
                 on_progress=lambda progress: self._status(RunnerLoading(progress)),
+                prefill_step=job.prefill_step,
             )
             engine.warmup()
         except Exception as exc:
@@ -118,6 +120,8 @@ class ComputeThread:
         self._status(RunnerReady())
 
     def _should_stop(self, request_id: RequestId) -> bool:
+        if self._hooks.stop_check_delay:
+            time.sleep(self._hooks.stop_check_delay)
         return self._stop.is_set() or request_id in self._cancelled
 
     def _generate(self, request: GenerationRequest) -> None:
@@ -130,7 +134,13 @@ class ComputeThread:
                 self._post(RequestFailed(rid, "no model is loaded in this runner"))
             else:
                 self._status(RunnerRunning(self._active()))
-                for chunk in self._engine.generate(request, lambda: self._should_stop(rid)):
+                try:
+                    chunks = self._engine.generate(request, lambda: self._should_stop(rid))
+                except ValueError as exc:  # the request as it stands cannot be served
+                    log.info("generation %s refused: %s", rid, exc)
+                    self._post(RequestFailed(rid, str(exc), FailureKind.INVALID_REQUEST))
+                    return
+                for chunk in chunks:
                     self._send_chunk(chunk)
                     if chunk.finish_reason is None and self._hooks.step_delay:
                         time.sleep(self._hooks.step_delay)

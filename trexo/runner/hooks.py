@@ -23,6 +23,9 @@ class TestHooks:
     """Send an invalid frame to the parent once the model is ready."""
     load_delay: float = 0.0
     """Sleep this long before loading the model (makes "placed but not ready" observable)."""
+    stop_check_delay: float = 0.0
+    """Sleep this long each time a generation checks its stop flag (between prefill chunks
+    and decode steps): makes a prefill slow enough to interrupt."""
 
 
 def parse_hooks(text: str) -> TestHooks:
@@ -32,7 +35,7 @@ def parse_hooks(text: str) -> TestHooks:
         name, _, value = item.partition("=")
         if name in ("ignore_shutdown", "garbage_after_ready"):
             values[name] = True
-        elif name in ("step_delay", "load_delay"):
+        elif name in ("step_delay", "load_delay", "stop_check_delay"):
             values[name] = float(value)
         else:
             raise ValueError(f"unknown runner test hook {name!r}")

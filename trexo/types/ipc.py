@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import attrs
 
+from trexo.config import DEFAULT_PREFILL_STEP_TOKENS
 from trexo.types.chunks import Chunk
+from trexo.types.failure import FailureKind
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import RequestId
 from trexo.types.runner_status import RunnerStatus
@@ -17,6 +19,8 @@ from trexo.types.shard import ShardSpec
 class LoadModel:
     model_dir: str
     shard: ShardSpec = ShardSpec()
+    prefill_step: int = DEFAULT_PREFILL_STEP_TOKENS
+    """Prompt tokens per prefill chunk; a cancel takes effect between chunks."""
 
 
 @attrs.frozen
@@ -55,6 +59,7 @@ class RequestFailed:
 
     request_id: RequestId
     message: str
+    kind: FailureKind = FailureKind.INTERNAL
 
 
 FromRunner = StatusReport | ChunkMessage | RequestFailed

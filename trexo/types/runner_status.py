@@ -34,6 +34,8 @@ class RunnerFailed:
     """Terminal: the runner cannot serve. `cause` is an error message or an exit cause."""
 
     cause: str
+    restart_in: float | None = None
+    """Seconds until its worker starts it again (None: not known to be restarting)."""
 
 
 @attrs.frozen

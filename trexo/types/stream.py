@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from trexo.types.chunks import Chunk
+from trexo.types.failure import FailureKind
 from trexo.types.ids import RequestId
 from trexo.types.refusal import RefusalKind
 
@@ -20,6 +21,7 @@ class StreamFailed:
 
     request_id: RequestId
     message: str
+    kind: FailureKind = FailureKind.INTERNAL
 
 
 @attrs.frozen

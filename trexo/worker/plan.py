@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from trexo.config import RUNNER_MAX_ATTEMPTS
-from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
+from trexo.types.ids import NodeId, RequestId, RunnerId
 from trexo.types.state import Instance, RunnerAssignment, State, Task
 
 
@@ -44,15 +43,7 @@ class CancelTask:
     task_id: RequestId
 
 
-@attrs.frozen
-class FailTask:
-    """The task's lead runner is here but gave up (too many failures): end it with an error."""
-
-    task: Task
-    reason: str
-
-
-Action = StartRunner | StopRunner | ForwardTask | CancelTask | FailTask
+Action = StartRunner | StopRunner | ForwardTask | CancelTask
 
 
 @attrs.frozen
@@ -68,20 +59,18 @@ class LocalWorld:
     """Tasks being forwarded right now (a subset of `taken`)."""
     cancelling: frozenset[RequestId] = frozenset()
     """Forwarded tasks whose cancellation was already sent."""
-    attempts: dict[InstanceId, int] = attrs.field(factory=dict)
-    """Runner starts per instance so far; a runner that keeps failing is not restarted."""
 
 
-def plan(state: State, local: LocalWorld, max_attempts: int = RUNNER_MAX_ATTEMPTS) -> list[Action]:
-    """Every action the worker should start now, in a stable order."""
+def plan(state: State, local: LocalWorld) -> list[Action]:
+    """Every action the worker should start now, in a stable order.
+
+    A runner that died keeps its place in `local.runners` while it waits out its restart
+    backoff (the worker's restart policy), so it is started again only after that.
+    """
     actions: list[Action] = []
     for instance in sorted(state.instances.values(), key=lambda i: i.instance_id):
         for assignment in instance.assignments:
-            if (
-                assignment.node_id == local.node_id
-                and assignment.runner_id not in local.runners
-                and local.attempts.get(instance.instance_id, 0) < max_attempts
-            ):
+            if assignment.node_id == local.node_id and assignment.runner_id not in local.runners:
                 actions.append(StartRunner(instance, assignment))
     for runner_id in sorted(local.runners - state.runners.keys()):
         actions.append(StopRunner(runner_id))
@@ -94,8 +83,6 @@ def plan(state: State, local: LocalWorld, max_attempts: int = RUNNER_MAX_ATTEMPT
         lead = owner.lead.runner_id
         if lead in local.runners:
             actions.append(ForwardTask(task, lead))
-        elif local.attempts.get(owner.instance_id, 0) >= max_attempts:
-            actions.append(FailTask(task, f"runner {lead} failed {max_attempts} times"))
     for task_id in sorted(local.inflight - state.tasks.keys() - local.cancelling):
         actions.append(CancelTask(task_id))
     return actions

@@ -23,9 +23,10 @@ import attrs
 import trio
 
 from trexo.config import CANCEL_SEND_TIMEOUT_S, RunnerConfig
-from trexo.errors import LoadFailed, RunnerDied, RunnerError, WireError
+from trexo.errors import LoadFailed, RequestRejected, RunnerDied, RunnerError, WireError
 from trexo.runner.exit_codes import describe_exit
 from trexo.types.chunks import Chunk
+from trexo.types.failure import FailureKind
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import RequestId, RunnerId
 from trexo.types.ipc import (
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 OUTPUT_DRAIN_TIMEOUT_S = 1.0
 """After a stop, how long to keep copying the runner's last output lines."""
 StatusListener = Callable[[RunnerStatus], None]
+RUNNER_HUNG_UP = "runner closed the IPC socket"
 
 
 @attrs.frozen
@@ -147,7 +149,15 @@ class RunnerSupervisor:
     async def run(
         self, *, task_status: trio.TaskStatus[RunnerSupervisor] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        parent_end, child_end = socket.socketpair()
+        # A spawn that fails (no file descriptor left, say) is this runner's failure, not
+        # its owner's crash: the status says why, and the owner's retry policy decides.
+        try:
+            parent_end, child_end = socket.socketpair()
+        except OSError as exc:
+            self._end_reason = f"could not start: {exc}"
+            self._finish(stopped_by_owner=False)
+            task_status.started(self)
+            return
         try:
             self._stream = FramedStream(
                 trio.SocketStream(trio.socket.from_stdlib_socket(parent_end)),
@@ -155,9 +165,14 @@ class RunnerSupervisor:
             )
             async with trio.open_nursery() as nursery:
                 process_scope = trio.CancelScope()
-                process: trio.Process = await nursery.start(
-                    self._run_process, child_end.fileno(), process_scope
-                )
+                try:
+                    process: trio.Process = await nursery.start(
+                        self._run_process, child_end.fileno(), process_scope
+                    )
+                except OSError as exc:
+                    self._end_reason = f"could not start: {exc}"  # `_finish` reports it
+                    task_status.started(self)
+                    return
                 child_end.close()  # only the runner may hold it: its exit must mean EOF
                 self._process = process
                 self.pid = process.pid
@@ -203,6 +218,12 @@ class RunnerSupervisor:
     async def _stop_ladder(self, process: trio.Process) -> None:
         """Shutdown, then SIGTERM, then SIGKILL; runs shielded inside `trio.run_process`."""
         started = trio.current_time()
+        if self._end_reason == RUNNER_HUNG_UP:
+            # Its socket closed: it died or is leaving by itself (the kernel closes a dying
+            # process's files before its exit can be reaped). Nothing to stop unless it hangs.
+            with trio.move_on_after(self.config.shutdown_grace):
+                await process.wait()
+                return  # `_finish` says how it ended
         with trio.move_on_after(self.config.shutdown_grace):
             await self._send_quietly(Shutdown())
             await process.wait()
@@ -238,7 +259,7 @@ class RunnerSupervisor:
             try:
                 msg: FromRunner = await stream.receive_message(FromRunner)
             except (trio.EndOfChannel, trio.BrokenResourceError):
-                self._end_reason = "runner closed the IPC socket"
+                self._end_reason = RUNNER_HUNG_UP
                 return
             except WireError as exc:
                 log.error("protocol error from runner %s: %s; stopping it", self.runner_id, exc)
@@ -258,10 +279,12 @@ class RunnerSupervisor:
                 if chunk.finish_reason is not None:
                     del self._inflight[chunk.request_id]
                     channel.close()
-            case RequestFailed(request_id=request_id, message=message):
+            case RequestFailed(request_id=request_id, message=message, kind=kind):
                 channel = self._inflight.pop(request_id, None)
                 if channel is not None:
-                    channel.send_nowait(_Failure(RunnerError(message)))
+                    rejected = kind is FailureKind.INVALID_REQUEST
+                    error = RequestRejected(message) if rejected else RunnerError(message)
+                    channel.send_nowait(_Failure(error))
                     channel.close()
 
     def _finish(self, stopped_by_owner: bool) -> None:
@@ -270,6 +293,8 @@ class RunnerSupervisor:
         cause = describe_exit(returncode) if returncode is not None else "never started"
         if self._end_reason and self._end_reason.startswith("protocol error"):
             cause = f"{self._end_reason} ({cause})"
+        elif self._end_reason and self._end_reason.startswith("could not start"):
+            cause = self._end_reason
         self.exit_cause = cause
         for channel in self._inflight.values():
             channel.send_nowait(_Failure(RunnerDied(cause)))
@@ -317,7 +342,7 @@ class RunnerSupervisor:
 
     async def load(self, model_dir: Path, shard: ShardSpec = ShardSpec()) -> None:
         """Load and warm up a model; raise `LoadFailed` unless the runner becomes ready."""
-        await self._send(LoadModel(str(model_dir), shard))
+        await self._send(LoadModel(str(model_dir), shard, self.config.prefill_step))
         with trio.move_on_after(self.config.load_timeout) as scope:
             status = await self.wait_status(lambda s: isinstance(s, RunnerReady))
         if scope.cancelled_caught:
@@ -373,8 +398,12 @@ class _LineForwarder:
 
     async def copy(self, stream: trio.abc.ReceiveStream) -> None:
         if self._log_path is not None and self._file is None:
-            await trio.Path(self._log_path.parent).mkdir(parents=True, exist_ok=True)
-            self._file = await trio.open_file(self._log_path, "ab", buffering=0)
+            try:
+                await trio.Path(self._log_path.parent).mkdir(parents=True, exist_ok=True)
+                self._file = await trio.open_file(self._log_path, "ab", buffering=0)
+            except OSError as exc:  # e.g. out of file descriptors: the node log still has it
+                self._log.warning("%scannot open %s: %s", self._prefix, self._log_path, exc)
+                self._log_path = None
         async for data in stream:
             if self._file is not None:
                 await self._file.write(data)

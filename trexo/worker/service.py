@@ -22,24 +22,32 @@ import trio
 from trexo import catalog
 from trexo.config import (
     NODE_REPORT_INTERVAL_S,
-    RUNNER_MAX_ATTEMPTS,
-    RUNNER_RETRY_BACKOFF_S,
+    RUNNER_RESTART_POLICY,
     STREAM_SEND_TIMEOUT_S,
+    RestartPolicy,
     RunnerConfig,
 )
-from trexo.errors import ClusterError, RunnerError
+from trexo.errors import ClusterError, RequestRejected, RunnerDied, RunnerError
+from trexo.lifecycle import RestartIntensity
 from trexo.net.router import PeerUnreachable, Router
 from trexo.net.topics import Topic
 from trexo.types.chunks import FinishReason
+from trexo.types.failure import FailureKind
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
-from trexo.types.runner_status import TERMINAL_STATUSES, RunnerReady, RunnerRunning
+from trexo.types.runner_status import (
+    TERMINAL_STATUSES,
+    RunnerFailed,
+    RunnerIdle,
+    RunnerReady,
+    RunnerRunning,
+    RunnerStatus,
+)
 from trexo.types.session import Session
 from trexo.types.state import Instance, NodeInfo, RunnerAssignment, State, Task
 from trexo.types.stream import StreamChunk, StreamFailed
 from trexo.worker.plan import (
     CancelTask,
-    FailTask,
     ForwardTask,
     LocalWorld,
     StartRunner,
@@ -57,11 +65,22 @@ def read_node_info(node_id: NodeId, api_url: str | None) -> NodeInfo:
     return NodeInfo(node_id, socket.gethostname(), memory.total, memory.available, api_url)
 
 
+def failure_kind(exc: Exception) -> FailureKind:
+    """How the API should answer a task that failed with `exc`."""
+    if isinstance(exc, RequestRejected):
+        return FailureKind.INVALID_REQUEST
+    if isinstance(exc, RunnerDied):
+        return FailureKind.UNAVAILABLE  # its restart is on the way: retry shortly
+    return FailureKind.INTERNAL
+
+
 @attrs.define
 class _LocalRunner:
     supervisor: RunnerSupervisor
     instance_id: InstanceId
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    status: RunnerStatus = RunnerIdle()
+    """What was last reported of it (its supervisor's status, or the pending restart)."""
 
 
 class Worker:
@@ -76,8 +95,7 @@ class Worker:
         runner_config: RunnerConfig = RunnerConfig(),
         runner_env: dict[str, str] | None = None,
         api_url: Callable[[], str | None] = lambda: None,
-        max_attempts: int = RUNNER_MAX_ATTEMPTS,
-        retry_backoff: float = RUNNER_RETRY_BACKOFF_S,
+        restart_policy: RestartPolicy = RUNNER_RESTART_POLICY,
         node_report_interval: float = NODE_REPORT_INTERVAL_S,
     ) -> None:
         self._router = router
@@ -89,11 +107,11 @@ class Worker:
         self._runner_config = runner_config
         self._runner_env = runner_env or {}
         self._api_url = api_url
-        self._max_attempts = max_attempts
-        self._retry_backoff = retry_backoff
+        self._restart_policy = restart_policy
         self._node_report_interval = node_report_interval
         self._runners: dict[RunnerId, _LocalRunner] = {}
-        self._attempts: dict[InstanceId, int] = {}
+        self._failures: dict[InstanceId, RestartIntensity] = {}
+        """Recent runner deaths per instance: they set the next restart's backoff."""
         self._taken: set[RequestId] = set()
         self._inflight: dict[RequestId, RunnerSupervisor] = {}
         """Tasks being forwarded now, and the runner each runs on."""
@@ -123,7 +141,6 @@ class Worker:
             taken=frozenset(self._taken),
             inflight=frozenset(self._inflight),
             cancelling=frozenset(self._cancelling),
-            attempts=dict(self._attempts),
         )
 
     def _changed(self) -> None:
@@ -141,7 +158,7 @@ class Worker:
             self._local_changed = trio.Event()
             state = self._view.state
             self._forget_ended_tasks(state)
-            for action in plan(state, self._local_world(), self._max_attempts):
+            for action in plan(state, self._local_world()):
                 self._execute(action, nursery)
             await self._local_changed.wait()
 
@@ -164,9 +181,6 @@ class Worker:
             case CancelTask(task_id=task_id):
                 self._cancelling.add(task_id)
                 nursery.start_soon(self._cancel, task_id)
-            case FailTask(task=task, reason=reason):
-                self._taken.add(task.task_id)
-                nursery.start_soon(self._fail_task, task, reason)
 
     # --- runners --------------------------------------------------------------------------
 
@@ -175,9 +189,8 @@ class Worker:
     ) -> None:
         runner_id = assignment.runner_id
 
-        def on_status(status: object) -> None:
-            self._report(RunnerReport(runner_id, instance.instance_id, status))  # type: ignore[arg-type]
-            self._changed()
+        def on_status(status: RunnerStatus) -> None:
+            self._set_runner_status(entry, status)
 
         supervisor = RunnerSupervisor(
             runner_id,
@@ -186,9 +199,14 @@ class Worker:
             env=self._runner_env,
             on_status=on_status,
         )
-        self._runners[runner_id] = _LocalRunner(supervisor, instance.instance_id)
-        self._attempts[instance.instance_id] = self._attempts.get(instance.instance_id, 0) + 1
-        nursery.start_soon(self._run_runner, instance, assignment, self._runners[runner_id])
+        entry = _LocalRunner(supervisor, instance.instance_id)
+        self._runners[runner_id] = entry
+        nursery.start_soon(self._run_runner, instance, assignment, entry)
+
+    def _set_runner_status(self, entry: _LocalRunner, status: RunnerStatus) -> None:
+        entry.status = status
+        self._report(RunnerReport(entry.supervisor.runner_id, entry.instance_id, status))
+        self._changed()
 
     async def _run_runner(
         self, instance: Instance, assignment: RunnerAssignment, entry: _LocalRunner
@@ -203,7 +221,8 @@ class Worker:
                             catalog.model_dir, instance.model, self._models_dir
                         )
                         await supervisor.load(model_dir, assignment.shard)
-                    except (RunnerError, ClusterError) as exc:
+                    # OSError: the model directory could not be read (no descriptor left, ...)
+                    except (RunnerError, ClusterError, OSError) as exc:
                         log.error(
                             "runner %s could not load %s: %s",
                             supervisor.runner_id,
@@ -212,10 +231,32 @@ class Worker:
                         )
                         nursery.cancel_scope.cancel()
                 if supervisor.exit_cause is not None and not entry.scope.cancel_called:
-                    await trio.sleep(self._retry_backoff)  # before the plan restarts it
+                    await self._wait_to_restart(entry)  # then the plan starts it again
         finally:
             del self._runners[assignment.runner_id]
             self._changed()
+
+    async def _wait_to_restart(self, entry: _LocalRunner) -> None:
+        """Back off before the runner that just died is started again (its restart policy)."""
+        now = trio.current_time()
+        policy = self._restart_policy
+        history = self._failures.get(
+            entry.instance_id, RestartIntensity(policy.max_restarts, policy.window)
+        ).record(now)
+        self._failures[entry.instance_id] = history
+        delay = policy.restart_delay(history.count(now))
+        status = entry.supervisor.status
+        cause = status.cause if isinstance(status, RunnerFailed) else entry.supervisor.exit_cause
+        log.warning(
+            "runner %s failed (%s), %d time(s) in %.0f s; restarting in %.1f s",
+            entry.supervisor.runner_id,
+            cause,
+            history.count(now),
+            policy.window,
+            delay,
+        )
+        self._set_runner_status(entry, RunnerFailed(str(cause), restart_in=delay))
+        await trio.sleep(delay)
 
     # --- tasks ----------------------------------------------------------------------------
 
@@ -227,7 +268,7 @@ class Worker:
                 lambda s: isinstance(s, RunnerReady | RunnerRunning)
             )
             if isinstance(status, TERMINAL_STATUSES):
-                raise RunnerError(f"runner {supervisor.runner_id} failed: {status}")
+                raise RunnerDied(f"runner {supervisor.runner_id} is down: {status}")
             self._report(TaskReport(task.task_id, "running"))
             async with supervisor.open_generation(task.request) as stream:
                 async for chunk in stream:
@@ -237,7 +278,11 @@ class Worker:
                         reason = chunk.finish_reason
         except (RunnerError, trio.TooSlowError) as exc:
             log.warning("task %s failed: %s", task.task_id, exc)
-            await self._tell_origin(task, StreamFailed(task.task_id, str(exc)))
+            kind = failure_kind(exc)
+            message = str(exc)
+            if kind is FailureKind.UNAVAILABLE:
+                message = f"{exc}; its runner is being restarted, retry shortly"
+            await self._tell_origin(task, StreamFailed(task.task_id, message, kind))
         except PeerUnreachable:
             log.info("task %s: its requesting node is gone; cancelled", task.task_id)
             reason = "cancelled"
@@ -251,10 +296,6 @@ class Worker:
         supervisor = self._inflight.get(task_id)
         if supervisor is not None:
             await supervisor.cancel(task_id)
-
-    async def _fail_task(self, task: Task, reason: str) -> None:
-        await self._tell_origin(task, StreamFailed(task.task_id, reason))
-        self._report(TaskReport(task.task_id, finish_reason="error"))
 
     async def _tell_origin(self, task: Task, item: StreamFailed) -> None:
         try:
@@ -282,8 +323,16 @@ class Worker:
         lost in transit, e.g. on a link that was replaced while two nodes first met.
         """
         while True:
-            info = await trio.to_thread.run_sync(read_node_info, self.node_id, self._api_url())
-            self._report(NodeReport(info))
+            try:
+                info = await trio.to_thread.run_sync(read_node_info, self.node_id, self._api_url())
+            except OSError as exc:  # e.g. EMFILE: no descriptor left to read /proc/meminfo
+                log.warning(
+                    "could not read this node's memory figures (%s); trying again in %g s",
+                    exc,
+                    self._node_report_interval,
+                )
+            else:
+                self._report(NodeReport(info))
             for runner_id, entry in self._runners.items():
-                self._report(RunnerReport(runner_id, entry.instance_id, entry.supervisor.status))
+                self._report(RunnerReport(runner_id, entry.instance_id, entry.status))
             await trio.sleep(self._node_report_interval)

@@ -1,0 +1,166 @@
+"""Real nodes at their limits: thousands of connections past the cap, a process out of file
+descriptors, and the `--cors-origin` option; the node must stay up and keep serving."""
+
+from __future__ import annotations
+
+import resource
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from api.raw_http import SLOW_BODY, host_port, parse_response, request_bytes
+
+from .fd_hog_node import HOGGED, RELEASED
+from .harness import TrexoProcess, run_trexo
+
+NO_MODEL = ("--no-model",)
+CAP = 300
+CONNECTIONS = 2000
+"""Held open at once by this test: `CAP` busy on the node, the rest refused."""
+CONNECT_BATCH = 50
+"""Connections opened at once: fewer than hypercorn's listen backlog (100), so none waits
+for a SYN retransmission."""
+PHASE_BOUND_S = 20.0
+HOG_NODE = str(Path(__file__).with_name("fd_hog_node.py"))
+
+
+def clean_log(node: TrexoProcess) -> str:
+    log = node.log_text()
+    assert "Traceback" not in log
+    assert "crashed" not in log and "restarting session" not in log
+    return log
+
+
+async def wait_for(predicate: Callable[[], bool], bound: float, what: str) -> None:
+    with trio.move_on_after(bound):
+        while not predicate():
+            await trio.sleep(0.05)
+    assert predicate(), f"{what}: not within {bound} s"
+
+
+async def wait_until_served(url: str, bound: float = 10.0) -> httpx.Response:
+    """GET /health until it answers 200 (503s while the node lets go of old connections)."""
+    async with httpx.AsyncClient(base_url=url, timeout=bound) as http:
+        with trio.move_on_after(bound):
+            while (response := await http.get("/health")).status_code != 200:
+                await trio.sleep(0.05)
+    assert response.status_code == 200, response.text
+    return response
+
+
+async def test_connections_past_the_cap_are_refused_and_the_node_survives(
+    tmp_path: Path,
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < CONNECTIONS + 200:
+        pytest.skip(f"this test holds {CONNECTIONS} sockets; the fd hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, CONNECTIONS + 200), hard))
+    try:
+        async with run_trexo(tmp_path / "n", *NO_MODEL, "--api-max-connections", str(CAP)) as node:
+            address = host_port(node.url)
+            streams: list[trio.SocketStream] = []
+            answers: dict[int, bytes] = {}
+
+            async def connect() -> None:
+                stream = await trio.open_tcp_stream(*address)
+                await stream.send_all(SLOW_BODY)
+                streams.append(stream)
+
+            async def read_answer(k: int, stream: trio.SocketStream) -> None:
+                data = b""
+                while chunk := await stream.receive_some():
+                    data += chunk
+                answers[k] = data  # only the refused are answered (and closed)
+
+            with trio.fail_after(PHASE_BOUND_S):
+                async with trio.open_nursery() as readers:
+                    for _ in range(0, CONNECTIONS, CONNECT_BATCH):
+                        async with trio.open_nursery() as batch:
+                            for _ in range(CONNECT_BATCH):
+                                batch.start_soon(connect)
+                    for k, stream in enumerate(streams):
+                        readers.start_soon(read_answer, k, stream)
+                    refused = CONNECTIONS - CAP
+                    await wait_for(lambda: len(answers) >= refused, PHASE_BOUND_S, "refusals")
+                    await trio.sleep(0.5)  # and no more: the other connections are served
+                    assert len(answers) == refused
+                    assert node.process.returncode is None
+                    readers.cancel_scope.cancel()
+                for data in answers.values():
+                    response = parse_response(data)
+                    assert response.status == 503
+                    assert response.headers["retry-after"] == "1"
+                    assert response.json()["error"]["code"] == "too_many_connections"
+                for stream in streams:
+                    await stream.aclose()
+                await wait_until_served(node.url)
+            assert node.process.returncode is None
+            assert "refused a connection with 503" in clean_log(node)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_node_out_of_file_descriptors_keeps_running(tmp_path: Path) -> None:
+    async with run_trexo(tmp_path / "n", *NO_MODEL, entry=(HOG_NODE,)) as node:
+        stdout = node.data_dir / "stdout.log"
+        with trio.fail_after(PHASE_BOUND_S):
+            node.process.send_signal(signal.SIGUSR1)
+            await wait_for(lambda: HOGGED in stdout.read_text(), 5.0, "fds used up")
+            waiting = await trio.open_tcp_stream(*host_port(node.url))  # queued, not accepted
+            await waiting.send_all(request_bytes("GET", "/health", version="1.0"))
+            # The worker re-reads /proc/meminfo every 5 s: that read fails now, and must not
+            # end the session.
+            await wait_for(
+                lambda: "could not read this node's memory figures" in node.log_text(),
+                12.0,
+                "the node report's read failing",
+            )
+            with trio.move_on_after(0.2) as quiet:
+                early = await waiting.receive_some()
+            assert quiet.cancelled_caught, f"got {early!r} while out of descriptors"
+            node.process.send_signal(signal.SIGUSR2)
+            await wait_for(lambda: RELEASED in stdout.read_text(), 5.0, "fds released")
+            data = b""
+            while chunk := await waiting.receive_some():
+                data += chunk
+            await waiting.aclose()
+            assert parse_response(data).status == 200
+            health = await wait_until_served(node.url)
+            assert health.json()["status"] == "ok"
+        assert node.process.returncode is None
+        log = clean_log(node)
+        assert "cannot accept connections: Too many open files (EMFILE)" in log
+        assert "accepting connections again after" in log
+
+
+async def test_cors_origin_option_reaches_the_api(tmp_path: Path) -> None:
+    app = "https://app.example"
+    preflight = {
+        "Origin": app,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type",
+    }
+    async with (
+        run_trexo(tmp_path / "open", *NO_MODEL) as plain,
+        run_trexo(tmp_path / "cors", *NO_MODEL, "--cors-origin", app + "/") as cors,
+        httpx.AsyncClient(timeout=PHASE_BOUND_S) as http,
+    ):
+        with trio.fail_after(PHASE_BOUND_S):
+            answer = await http.options(f"{cors.url}/v1/chat/completions", headers=preflight)
+            assert answer.status_code == 204
+            assert answer.headers["Access-Control-Allow-Origin"] == app
+            assert answer.headers["Access-Control-Allow-Methods"] == "OPTIONS, POST"
+            models = await http.get(f"{cors.url}/v1/models", headers={"Origin": app})
+            assert models.headers["Access-Control-Allow-Origin"] == app
+            other = await http.get(f"{cors.url}/v1/models", headers={"Origin": "https://x.example"})
+            assert "access-control-allow-origin" not in other.headers
+
+            answer = await http.options(f"{plain.url}/v1/chat/completions", headers=preflight)
+            assert answer.status_code == 204
+            assert answer.headers["Allow"] == "OPTIONS, POST"
+            assert "access-control-allow-origin" not in answer.headers
+            models = await http.get(f"{plain.url}/v1/models", headers={"Origin": app})
+            assert "access-control-allow-origin" not in models.headers

@@ -1,0 +1,62 @@
+"""Whether a placed model can serve now, and why not."""
+
+from __future__ import annotations
+
+from trexo.availability import instance_availability, model_availability, problems
+from trexo.state import apply_all
+from trexo.types.events import InstanceCreated, RunnerStatusChanged
+from trexo.types.ids import InstanceId, NodeId, RunnerId
+from trexo.types.models import ModelRef
+from trexo.types.runner_status import (
+    RunnerFailed,
+    RunnerLoading,
+    RunnerReady,
+    RunnerRunning,
+    RunnerStatus,
+)
+from trexo.types.state import Instance, RunnerAssignment, State
+
+MODEL = ModelRef("m", "demo:tiny", 1)
+NODE = NodeId("node-a")
+
+
+def instance(name: str) -> Instance:
+    return Instance(InstanceId(name), MODEL, (RunnerAssignment(RunnerId(f"r-{name}"), NODE),))
+
+
+def with_status(state: State, inst: Instance, status: RunnerStatus) -> State:
+    runner = inst.assignments[0].runner_id
+    return apply_all(state, [RunnerStatusChanged(runner, inst.instance_id, NODE, status)])
+
+
+def test_an_unplaced_model_has_no_availability() -> None:
+    assert model_availability(State(), "m") is None
+
+
+def test_ready_or_running_serves_anything_else_says_why() -> None:
+    one = instance("one")
+    state = apply_all(State(), [InstanceCreated(one)])
+    assert "is starting" in instance_availability(state, one).reason
+    for status in (RunnerReady(), RunnerRunning(2)):
+        assert instance_availability(with_status(state, one, status), one).serving
+    loading = instance_availability(with_status(state, one, RunnerLoading(0.42)), one)
+    assert not loading.serving and "loading the model (42%)" in loading.reason
+    failed = instance_availability(
+        with_status(state, one, RunnerFailed("SIGKILL", restart_in=4.0)), one
+    )
+    assert not failed.serving
+    assert "SIGKILL" in failed.reason and "restarting in 4.0 s" in failed.reason
+    assert failed.retry_after == 4.0
+
+
+def test_a_model_serves_if_any_instance_does_and_problems_name_the_others() -> None:
+    one, two = instance("one"), instance("two")
+    state = apply_all(State(), [InstanceCreated(one), InstanceCreated(two)])
+    state = with_status(state, one, RunnerFailed("exit code 1"))
+    down = model_availability(state, "m")
+    assert down is not None and not down.serving and "model m cannot serve" in down.reason
+    state = with_status(state, two, RunnerReady())
+    up = model_availability(state, "m")
+    assert up is not None and up.serving
+    (problem,) = problems(state)
+    assert problem.startswith("instance one (m)") and "exit code 1" in problem

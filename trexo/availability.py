@@ -1,0 +1,85 @@
+"""Whether an instance can serve now, and if not, why and when to retry. Pure functions.
+
+The API answers a model that is placed but not serving with 503 + `Retry-After` and this
+reason; `/health` lists the reasons as the node's problems; `/v1/models` says `ready`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from trexo.types.runner_status import (
+    RunnerFailed,
+    RunnerIdle,
+    RunnerLoading,
+    RunnerReady,
+    RunnerRunning,
+    RunnerStopped,
+)
+from trexo.types.state import Instance, State
+
+DEFAULT_RETRY_AFTER_S = 1.0
+"""What to tell a client to wait when nothing better is known (loading, starting)."""
+
+
+@attrs.frozen
+class Availability:
+    serving: bool
+    reason: str = ""
+    """Why it is not serving (empty when it is)."""
+    retry_after: float = DEFAULT_RETRY_AFTER_S
+
+
+SERVING = Availability(True)
+
+
+def instance_availability(state: State, instance: Instance) -> Availability:
+    """Serving when every runner of `instance` is ready or running; else the first reason."""
+    for assignment in sorted(instance.assignments, key=lambda a: a.shard.rank):
+        record = state.runners.get(assignment.runner_id)
+        status = record.status if record is not None else RunnerIdle()
+        runner = f"runner {assignment.runner_id[:8]} on node {assignment.node_id[:8]}"
+        match status:
+            case RunnerReady() | RunnerRunning():
+                continue
+            case RunnerIdle():
+                return Availability(False, f"{runner} is starting")
+            case RunnerLoading(progress=progress):
+                return Availability(False, f"{runner} is loading the model ({progress:.0%})")
+            case RunnerFailed(cause=cause, restart_in=restart_in):
+                if restart_in is None:
+                    return Availability(False, f"{runner} failed ({cause})")
+                return Availability(
+                    False,
+                    f"{runner} failed ({cause}); restarting in {restart_in:.1f} s",
+                    max(DEFAULT_RETRY_AFTER_S, restart_in),
+                )
+            case RunnerStopped(cause=cause):
+                return Availability(False, f"{runner} was stopped ({cause})")
+    return SERVING
+
+
+def model_availability(state: State, model_id: str) -> Availability | None:
+    """Serving if any instance of `model_id` is; None if the model is not placed at all."""
+    instances = [i for i in state.instances.values() if i.model.model_id == model_id]
+    if not instances:
+        return None
+    found = [instance_availability(state, i) for i in instances]
+    if any(a.serving for a in found):
+        return SERVING
+    soonest = min(found, key=lambda a: a.retry_after)
+    reason = f"model {model_id} cannot serve right now: {soonest.reason}"
+    return Availability(False, reason, soonest.retry_after)
+
+
+def problems(state: State) -> list[str]:
+    """Every placed instance that cannot serve now, with why (for `/health`)."""
+    found = []
+    for instance in sorted(state.instances.values(), key=lambda i: i.instance_id):
+        availability = instance_availability(state, instance)
+        if not availability.serving:
+            found.append(
+                f"instance {instance.instance_id[:8]} ({instance.model.model_id}): "
+                f"{availability.reason}"
+            )
+    return found

@@ -1,0 +1,87 @@
+"""Counts a request's prompt tokens on the API's node, with its model's own tokenizer.
+
+Node-lifetime, like the API: tokenizers are loaded once per model (in a worker thread; a
+tokenizer is a few MB, its model may be hundreds of GB elsewhere) and kept in a small LRU.
+A model whose files are not on this node cannot be counted here: the runner then checks the
+same limit itself (`trexo.engine.engine.check_fits`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from trexo import catalog
+from trexo.api.admission import PromptBudget
+from trexo.config import TOKENIZER_CACHE_SIZE
+from trexo.errors import ModelNotFound
+from trexo.types.generation import GenerationRequest
+from trexo.types.models import ModelRef
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class _Tokenizer:
+    tokenizer: Any
+    context: int | None
+
+
+def _load(model: ModelRef, models_dir: Path) -> _Tokenizer | None:
+    from mlx_lm.utils import load_tokenizer  # heavy (transformers): only when first needed
+
+    from trexo.engine.prompt import read_context_length
+
+    try:
+        model_dir = catalog.model_dir(model, models_dir)
+    except ModelNotFound:
+        return None
+    tokenizer = load_tokenizer(model_dir)  # type: ignore[no-untyped-call]
+    return _Tokenizer(tokenizer, read_context_length(model_dir))
+
+
+def _count(tokenizer: Any, request: GenerationRequest) -> int:
+    from trexo.engine.prompt import encode_prompt
+
+    return len(encode_prompt(tokenizer, request))
+
+
+class PromptCounter:
+    def __init__(self, models_dir: Path, *, cache_size: int = TOKENIZER_CACHE_SIZE) -> None:
+        self._models_dir = models_dir
+        self._cache_size = cache_size
+        self._cache: OrderedDict[str, _Tokenizer] = OrderedDict()
+        self._lock = trio.Lock()  # one load at a time: a second caller waits for the first
+
+    async def budget(self, model: ModelRef, request: GenerationRequest) -> PromptBudget | None:
+        """The request's prompt size and its model's context; None if not countable here."""
+        loaded = await self._tokenizer(model)
+        if loaded is None:
+            return None
+        count = await trio.to_thread.run_sync(_count, loaded.tokenizer, request)
+        return PromptBudget(count, loaded.context)
+
+    async def _tokenizer(self, model: ModelRef) -> _Tokenizer | None:
+        key = f"{model.model_id}\0{model.source}"
+        async with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+            try:
+                loaded = await trio.to_thread.run_sync(_load, model, self._models_dir)
+            except Exception:
+                # Not this request's fault; the runner checks the limit too.
+                log.exception("could not load the tokenizer of %s", model.model_id)
+                return None
+            if loaded is None:
+                log.debug("%s has no files on this node; its runner checks sizes", model.model_id)
+                return None
+            self._cache[key] = loaded
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+            return loaded
