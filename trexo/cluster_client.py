@@ -24,6 +24,7 @@ from trexo.config import (
     COMMAND_RESEND_MAX_S,
     COMMAND_WAIT_S,
     GENERATION_IDLE_TIMEOUT_S,
+    ORPHAN_GRACE_S,
 )
 from trexo.errors import (
     ClusterError,
@@ -172,6 +173,8 @@ class ClusterClient:
         prompt_counter: PromptCounter | None = None,
     ) -> None:
         self._prompt_counter = prompt_counter
+        self._accepted_in: dict[RequestId, Session] = {}
+        """The session whose master accepted each open stream's task."""
         self._router = router
         self._hub = hub
         self._sessions = sessions
@@ -305,6 +308,33 @@ class ClusterClient:
             return None
         return await self._prompt_counter.budget(self.find_model(model_id), request)
 
+    async def fail_orphaned_streams(self) -> None:
+        """Node-lifetime: after each session change, end the streams the new session lost.
+
+        Generations keep streaming through a master change (runners belong to their nodes,
+        and the new master carries tasks over or adopts them from the workers' reports). A
+        task the new state does not list once it is open and the workers have reported (a
+        grace) will never send more: its stream ends with a retryable error at once,
+        instead of after the idle timeout.
+        """
+        while True:
+            await self._sessions.wait_change()
+            session = self._sessions.session
+            if session is None:
+                continue
+            before = {rid for rid, s in self._accepted_in.items() if s != session}
+            with trio.move_on_after(self._command_wait):
+                while not (state := self.current_state()).opened:
+                    await self._sessions.wait_state_change(state.last_index)
+                await trio.sleep(ORPHAN_GRACE_S)
+                state = self.current_state()
+                for request_id in before & self._hub.open_streams - state.tasks.keys():
+                    log.info("generation %s was lost with session %s", request_id, session)
+                    self._hub.fail_stream(
+                        request_id,
+                        "the generation was lost while the cluster changed its master; retry",
+                    )
+
     @asynccontextmanager
     async def open_generation(
         self, model_id: str, request: GenerationRequest
@@ -316,10 +346,13 @@ class ClusterClient:
             raise ModelUnavailable(availability.reason, availability.retry_after)
         with self._hub.expect_stream(request.request_id) as events:
             await self.command(SubmitTask(new_id(), model_id, self.node_id, request))
+            if self._sessions.session is not None:
+                self._accepted_in[request.request_id] = self._sessions.session
             stream = ChatStream(events, self._idle_timeout)
             try:
                 yield stream
             finally:
+                self._accepted_in.pop(request.request_id, None)
                 if not stream.finished:
                     with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
                         await self._cancel_quietly(request.request_id)

@@ -156,6 +156,9 @@ RUNNER_RESTART_POLICY = RestartPolicy(
 )
 """A runner that dies is restarted after 0.5, 1, 2 s; past 3 deaths within 60 s, every 30 s
 (a model that cannot load is not reloaded in a tight loop, and heals once it can)."""
+FINISHED_TASKS_REMEMBERED = 10_000
+"""Tasks a node remembers having finished, so a new master that missed the report is told
+again and the task is never run twice."""
 NODE_REPORT_INTERVAL_S = 5.0
 """How often a worker re-reports its node's memory figures."""
 STREAM_SEND_TIMEOUT_S = 10.0
@@ -223,6 +226,9 @@ COMMAND_WAIT_S = 10.0
 """How long an API command waits for a session (and for the master's reply) before 503."""
 GENERATION_IDLE_TIMEOUT_S = 300.0
 """A generation that produces nothing for this long is ended with an error."""
+ORPHAN_GRACE_S = 0.5
+"""After a master change, how long workers have to report the tasks they are still running
+before a stream whose task the new session does not list is ended as lost."""
 CANCEL_SEND_TIMEOUT_S = 0.5
 """Bound on telling the cluster that a consumer went away."""
 DEFAULT_MODEL_RETRY_S = 2.0

@@ -27,7 +27,11 @@ class RunnerError(TrexoError):
     """A runner process failed, or refused a request."""
 
 
-class RunnerDied(RunnerError):
+class RunnerUnavailable(RunnerError):
+    """The runner cannot take work now: it died, or is being restarted. Retry shortly."""
+
+
+class RunnerDied(RunnerUnavailable):
     """The runner process exited while work was in flight; `cause` says how."""
 
     def __init__(self, cause: str) -> None:

@@ -47,6 +47,7 @@ from trexo.trace import trace, tracing
 from trexo.types.ids import InstanceId, NodeId
 from trexo.types.models import ModelRef
 from trexo.types.session import Session
+from trexo.worker.runner_pool import RunnerPool
 from trexo.worker.service import Worker
 from trexo.worker.state_view import StateView
 
@@ -103,6 +104,15 @@ class Node:
         )
         self.api_url: str | None = None
         self.peer_port: int | None = None
+        paths = config.paths
+        self.pool = RunnerPool(
+            self.router,
+            models_dir=paths.models_dir,
+            runner_logs_dir=paths.runner_logs_dir,
+            runner_config=config.runner,
+            runner_env=config.runner_env,
+            restart_policy=config.runner_restart,
+        )
         self._master: Master | None = None
         self._last_commands_seen = 0
 
@@ -134,6 +144,9 @@ class Node:
             self.peer_port = await nursery.start(transport.run)
             # Before the election: static peers dialled during its boot grace are adopted.
             await nursery.start(Discovery(transport, self.config.discovery).run)
+            # Node-lifetime: runners and their streams outlive sessions.
+            await nursery.start(self.pool.run)
+            nursery.start_soon(self.client.fail_orphaned_streams)
             app = create_app(self.client, self.config.api)
             self.api_url = await nursery.start(ApiServer(app, self.config.api).run)
             supervisor = SessionSupervisor(
@@ -207,12 +220,8 @@ class Node:
                     router=self.router,
                     session=session,
                     view=view,
-                    models_dir=paths.models_dir,
-                    runner_logs_dir=paths.runner_logs_dir,
-                    runner_config=self.config.runner,
-                    runner_env=self.config.runner_env,
+                    pool=self.pool,
                     api_url=lambda: self.api_url,
-                    restart_policy=self.config.runner_restart,
                 )
                 await generation.start(worker.run)
                 self.sessions.set_session(session, view)
@@ -222,4 +231,3 @@ class Node:
             self._commands_seen()  # remember the count before the master goes
             self._master = None
             self.sessions.set_session(None, None)
-            self.hub.fail_all_streams(f"session {session.clock} ended")

@@ -22,6 +22,7 @@ from trexo.types.events import (
     NodeRemoved,
     NodeUpdated,
     RunnerStatusChanged,
+    SessionOpened,
     TaskCreated,
     TaskFinished,
     TaskStatusChanged,
@@ -68,13 +69,20 @@ def rebuild_events(state: State) -> list[Event]:
 
 
 def carry_over(state: State) -> State:
-    """What of a previous session's `state` a new session starts from: nodes and placements.
+    """What of a previous session's `state` a new session starts from: everything but the
+    log's position.
 
-    Sessions never overlap (DESIGN §1.3): the previous generation's runners have been reaped
-    and its streams failed, so runner statuses start idle again and its tasks are gone.
+    Runners belong to their nodes, not to sessions: they keep running, with their models
+    loaded, and their tasks keep streaming, so placements, runner statuses and tasks in
+    flight all carry over (workers re-report what changed meanwhile). The master then drops
+    what belonged to nodes that are gone.
     """
-    fresh = apply_all(State(), [InstanceCreated(i) for i in state.instances.values()])
-    return State(nodes=dict(state.nodes), instances=fresh.instances, runners=fresh.runners)
+    return State(
+        nodes=dict(state.nodes),
+        instances=dict(state.instances),
+        runners=dict(state.runners),
+        tasks=dict(state.tasks),
+    )
 
 
 def _apply_event(state: State, event: Event) -> State:
@@ -124,6 +132,8 @@ def _apply_event(state: State, event: Event) -> State:
             if task_id not in state.tasks:
                 return _unknown(state, event, "task", task_id)
             return attrs.evolve(state, tasks=_without(state.tasks, task_id))
+        case SessionOpened():
+            return attrs.evolve(state, opened=True)
     log.warning("not an event, ignored: %r", event)  # unreachable for well-typed input
     return state
 

@@ -55,6 +55,9 @@ async def test_a_prompt_over_the_context_is_a_fast_400_and_the_node_keeps_servin
 
             served = await http.post("/v1/chat/completions", json=chat("Hello", max_tokens=3))
             assert served.status_code == 200, served.text
+    with trio.fail_after(TIMEOUT_S):  # the runner's log reaches its file a moment later
+        while "finished:" not in node.runner_logs():
+            await trio.sleep(0.02)
     assert node.runner_logs().count("finished:") == 1  # only the last one reached the runner
 
 

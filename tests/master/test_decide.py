@@ -30,7 +30,7 @@ from trexo.types.events import (
 )
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
-from trexo.types.local_events import NodeReport, RunnerReport, TaskReport
+from trexo.types.local_events import NodeReport, RunnerReport, TaskInFlight, TaskReport
 from trexo.types.models import ModelRef
 from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerFailed, RunnerLoading, RunnerReady
@@ -220,3 +220,14 @@ def test_small_memory_drifts_are_not_events_but_real_changes_are() -> None:
     assert decide_local_event(state, NodeReport(big)) == NodeUpdated(big)
     renamed = attrs.evolve(NODE, api_url="http://127.0.0.1:1")
     assert decide_local_event(state, NodeReport(renamed)) == NodeUpdated(renamed)
+
+
+def test_a_task_in_flight_that_the_master_missed_is_adopted_once() -> None:
+    state = apply_all(State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1"))])
+    missed = Task(RequestId("q1"), InstanceId("i1"), A, request("q1"))
+    adopted = decide_local_event(state, TaskInFlight(missed))
+    assert adopted == TaskCreated(attrs.evolve(missed, status="running"))
+    state = apply_all(state, [adopted])
+    assert decide_local_event(state, TaskInFlight(missed)) is None  # known now
+    stray = Task(RequestId("q2"), InstanceId("gone"), A, request("q2"))
+    assert decide_local_event(state, TaskInFlight(stray)) is None  # its instance is gone

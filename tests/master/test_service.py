@@ -25,13 +25,21 @@ from trexo.types.commands import (
     RequestReplay,
     SubmitTask,
 )
-from trexo.types.events import IndexedEvent, InstanceCreated, NodeUpdated, TaskFinished
+from trexo.types.events import (
+    IndexedEvent,
+    InstanceCreated,
+    NodeUpdated,
+    RunnerStatusChanged,
+    SessionOpened,
+    TaskCreated,
+    TaskFinished,
+)
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
 from trexo.types.models import ModelRef
 from trexo.types.refusal import RefusalKind
-from trexo.types.runner_status import RunnerIdle, RunnerLoading, RunnerReady
+from trexo.types.runner_status import RunnerLoading, RunnerReady
 from trexo.types.session import Session
 from trexo.types.state import NodeInfo, State
 from trexo.types.stream import CommandReply
@@ -208,7 +216,7 @@ async def test_unknown_ids_are_refused_as_not_found(tmp_path: Path) -> None:
         assert bad.error_kind == RefusalKind.INVALID
         stats = h.master.statistics()
         assert stats.commands_refused == 5
-        assert stats.events_emitted == 0
+        assert stats.events_emitted == 1  # SessionOpened only
 
 
 async def test_log_on_disk_reads_back_into_the_same_state(tmp_path: Path) -> None:
@@ -231,14 +239,14 @@ async def test_log_on_disk_reads_back_into_the_same_state(tmp_path: Path) -> Non
 async def test_replay_sends_the_sender_every_event_from_the_index(tmp_path: Path) -> None:
     async with running(tmp_path) as h:
         await h.report(*(NodeReport(node(ME, k * MiB)) for k in range(1, 5)))
-        await h.view.wait_until(lambda s: s.last_index == 3)
+        await h.view.wait_until(lambda s: s.last_index == 4)  # 0 is SessionOpened
         with h.router.subscribe(Topic.GLOBAL_EVENTS) as events:
-            reply = await h.command(lambda c: RequestReplay(c, 2))
+            reply = await h.command(lambda c: RequestReplay(c, 3))
             assert reply.error is None
             got = [events.receive_nowait().payload for _ in range(2)]
             with pytest.raises(trio.WouldBlock):
                 events.receive_nowait()
-        assert [e.index for e in got] == [2, 3]
+        assert [e.index for e in got] == [3, 4]
         assert h.master.statistics().replays_served >= 1
 
 
@@ -250,7 +258,7 @@ async def test_unknown_runner_and_task_reports_are_ignored(tmp_path: Path) -> No
             NodeReport(node(ME, MiB)),
         )
         state = await h.view.wait_until(lambda s: bool(s.nodes))
-        assert state.last_index == 0  # only the node report made an event
+        assert state.last_index == 1  # after SessionOpened, only the node report made one
         assert h.master.statistics().local_events_handled == 3
 
 
@@ -326,13 +334,21 @@ async def test_a_new_session_rebuilds_the_previous_state_in_its_log(tmp_path: Pa
     assert old.runners[runner].status == RunnerReady()
     async with running(tmp_path, old, session=new_session) as h:
         state = await h.converged()
-        # Nodes and placements carry over; the old generation's runners and tasks do not.
+        # Everything carries over: runners belong to nodes and outlive sessions.
         assert state.nodes == old.nodes
         assert state.instances == old.instances
-        assert state.runners[runner].status == RunnerIdle()
-        assert state.tasks == {}
+        assert state.runners == old.runners
+        assert state.runners[runner].status == RunnerReady()
+        assert state.tasks == old.tasks
+        assert state.opened
         events = read_log(log_path(tmp_path, new_session))
-        assert [type(e.event) for e in events] == [NodeUpdated, InstanceCreated]
+        assert [type(e.event) for e in events] == [
+            NodeUpdated,
+            InstanceCreated,
+            RunnerStatusChanged,
+            TaskCreated,
+            SessionOpened,
+        ]
         assert apply_all(State(), events) == state
 
 

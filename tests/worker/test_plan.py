@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -144,3 +145,20 @@ def test_executing_the_plan_reaches_a_fixed_point(
     assert plan(state, local) == []
     mine = {i.assignments[0].runner_id for i in instances if i.assignments[0].node_id == ME}
     assert local.runners == mine
+
+
+def test_a_task_in_flight_is_cancelled_only_once_the_session_listed_it() -> None:
+    mine = instance("i1", ME, "r1")
+    t = task("t1", "i1")
+    # A new master has not adopted it yet: it keeps running.
+    unlisted = LocalWorld(
+        ME,
+        runners=frozenset({RunnerId("r1")}),
+        taken=frozenset({t.task_id}),
+        inflight=frozenset({t.task_id}),
+        known=frozenset(),
+    )
+    assert plan(state_with(mine), unlisted) == []
+    # It was listed and has left the state: it was cancelled.
+    listed = attrs.evolve(unlisted, known=frozenset({t.task_id}))
+    assert plan(state_with(mine), listed) == [CancelTask(t.task_id)]

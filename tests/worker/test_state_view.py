@@ -280,9 +280,9 @@ async def test_a_late_joining_view_catches_up_from_zero(tmp_path: Path) -> None:
             for k in range(10):
                 await router.publish(Topic.LOCAL_EVENTS, NodeReport(NodeInfo(ME, f"h{k}", 100, k)))
             early = await nursery.start(StateView(router, SESSION).run)
-            await early.wait_until(lambda s: s.last_index == 9)
+            await early.wait_until(lambda s: s.last_index == 10)  # 0 is SessionOpened
             late = await nursery.start(StateView(router, SESSION).run)
-            state = await late.wait_until(lambda s: s.last_index == 9)
+            state = await late.wait_until(lambda s: s.last_index == 10)
             assert state == master.state == early.state
             nursery.cancel_scope.cancel()
 

@@ -30,7 +30,13 @@ from trexo.types.events import (
     TaskStatusChanged,
 )
 from trexo.types.ids import InstanceId, NodeId, RunnerId
-from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
+from trexo.types.local_events import (
+    LocalEvent,
+    NodeReport,
+    RunnerReport,
+    TaskInFlight,
+    TaskReport,
+)
 from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import TERMINAL_STATUSES, RunnerReady, RunnerRunning
 from trexo.types.state import Instance, NodeInfo, State, Task
@@ -152,6 +158,10 @@ def decide_local_event(state: State, event: LocalEvent) -> Event | None:
             if record.status == status:
                 return None
             return RunnerStatusChanged(runner_id, instance_id, record.node_id, status)
+        case TaskInFlight(adopted):
+            if adopted.task_id in state.tasks or adopted.instance_id not in state.instances:
+                return None
+            return TaskCreated(attrs.evolve(adopted, status="running"))
         case TaskReport(task_id, status, finish_reason):
             task = state.tasks.get(task_id)
             if task is None:

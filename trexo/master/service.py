@@ -42,7 +42,7 @@ from trexo.net.router import Envelope, PeerUnreachable, Router
 from trexo.net.topics import Topic
 from trexo.state import apply, carry_over, rebuild_events
 from trexo.types.commands import Command, RequestReplay
-from trexo.types.events import Event, IndexedEvent
+from trexo.types.events import Event, IndexedEvent, SessionOpened
 from trexo.types.ids import NodeId, new_id
 from trexo.types.local_events import LocalEvent
 from trexo.types.refusal import RefusalKind
@@ -144,6 +144,9 @@ class Master:
                 if not resumed:
                     for event in rebuild_events(carry_over(self._initial_state)):
                         await self._emit(event)
+                    # What ran on nodes that are gone goes before workers act on the state.
+                    await self._handle_peers(self.router.peers)
+                    await self._emit(SessionOpened())
                 # Both topics feed one handler, so messages are handled strictly one by one.
                 inbox_send, inbox = trio.open_memory_channel[Envelope](0)
                 async with inbox_send:

@@ -83,7 +83,10 @@ class StreamHub:
             del self._replies[command_id]
             send.close()
 
-    def fail_all_streams(self, message: str) -> None:
-        """End every open stream with an error (the session that served them is over)."""
-        for request_id, channel in self._streams.items():
-            channel.send_nowait(StreamFailed(request_id, message, FailureKind.UNAVAILABLE))
+    @property
+    def open_streams(self) -> frozenset[RequestId]:
+        return frozenset(self._streams)
+
+    def fail_stream(self, request_id: RequestId, message: str) -> None:
+        """End an open stream with a retryable error (no node will send it more)."""
+        self._to_stream(request_id, StreamFailed(request_id, message, FailureKind.UNAVAILABLE))

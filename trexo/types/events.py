@@ -56,6 +56,12 @@ class TaskFinished:
     finish_reason: FinishReason
 
 
+@attrs.frozen
+class SessionOpened:
+    """The master has written the state it carried over: from here on the log is this
+    session's own. Workers act on the state (stop runners, cancel tasks) only after it."""
+
+
 Event = (
     NodeUpdated
     | NodeRemoved
@@ -65,6 +71,7 @@ Event = (
     | TaskCreated
     | TaskStatusChanged
     | TaskFinished
+    | SessionOpened
 )
 
 

@@ -7,7 +7,7 @@ import attrs
 from trexo.types.chunks import FinishReason
 from trexo.types.ids import InstanceId, RequestId, RunnerId
 from trexo.types.runner_status import RunnerStatus
-from trexo.types.state import NodeInfo, TaskStatus
+from trexo.types.state import NodeInfo, Task, TaskStatus
 
 
 @attrs.frozen
@@ -31,4 +31,12 @@ class TaskReport:
     finish_reason: FinishReason | None = None
 
 
-LocalEvent = NodeReport | RunnerReport | TaskReport
+@attrs.frozen
+class TaskInFlight:
+    """A task this node's runner is generating now; a new master that does not know of it
+    (it missed its creation) adopts it rather than lose it."""
+
+    task: Task
+
+
+LocalEvent = NodeReport | RunnerReport | TaskReport | TaskInFlight

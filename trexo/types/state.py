@@ -81,3 +81,5 @@ class State:
     tasks: dict[RequestId, Task] = attrs.field(factory=dict)
     last_index: int = -1
     """Index of the last event applied; -1 before any."""
+    opened: bool = False
+    """The session's master has written its carried-over state (`SessionOpened`)."""

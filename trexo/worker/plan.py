@@ -59,6 +59,8 @@ class LocalWorld:
     """Tasks being forwarded right now (a subset of `taken`)."""
     cancelling: frozenset[RequestId] = frozenset()
     """Forwarded tasks whose cancellation was already sent."""
+    known: frozenset[RequestId] | None = None
+    """Tasks this session's state has listed; None: every task in flight counts as known."""
 
 
 def plan(state: State, local: LocalWorld) -> list[Action]:
@@ -83,6 +85,8 @@ def plan(state: State, local: LocalWorld) -> list[Action]:
         lead = owner.lead.runner_id
         if lead in local.runners:
             actions.append(ForwardTask(task, lead))
-    for task_id in sorted(local.inflight - state.tasks.keys() - local.cancelling):
+    # A task that left the state was cancelled; one it never listed may be adopted yet.
+    known = local.inflight if local.known is None else local.inflight & local.known
+    for task_id in sorted(known - state.tasks.keys() - local.cancelling):
         actions.append(CancelTask(task_id))
     return actions

@@ -23,7 +23,14 @@ import attrs
 import trio
 
 from trexo.config import CANCEL_SEND_TIMEOUT_S, RunnerConfig
-from trexo.errors import LoadFailed, RequestRejected, RunnerDied, RunnerError, WireError
+from trexo.errors import (
+    LoadFailed,
+    RequestRejected,
+    RunnerDied,
+    RunnerError,
+    RunnerUnavailable,
+    WireError,
+)
 from trexo.runner.exit_codes import describe_exit
 from trexo.types.chunks import Chunk
 from trexo.types.failure import FailureKind
@@ -356,7 +363,9 @@ class RunnerSupervisor:
     @asynccontextmanager
     async def open_generation(self, request: GenerationRequest) -> AsyncIterator[ChunkStream]:
         """Start a generation; leaving the block before it finished cancels it in the runner."""
-        if isinstance(self.status, TERMINAL_STATUSES) or request.request_id in self._inflight:
+        if isinstance(self.status, TERMINAL_STATUSES):
+            raise RunnerUnavailable(f"runner {self.runner_id} is down ({self.status})")
+        if request.request_id in self._inflight:
             raise RunnerError(
                 f"runner {self.runner_id} cannot take {request.request_id}: {self.status}"
             )
@@ -379,11 +388,13 @@ class RunnerSupervisor:
 
     async def _send(self, msg: ToRunner) -> None:
         if self._stream is None or isinstance(self.status, TERMINAL_STATUSES):
-            raise RunnerError(f"runner {self.runner_id} is not running ({self.status})")
+            raise RunnerUnavailable(f"runner {self.runner_id} is not running ({self.status})")
         try:
             await self._stream.send_message(msg, ToRunner)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise RunnerError(f"runner {self.runner_id} is gone") from exc
+            raise RunnerUnavailable(
+                f"runner {self.runner_id} is gone (its IPC socket closed)"
+            ) from exc
 
 
 class _LineForwarder:

@@ -1,0 +1,344 @@
+"""The node's runners and the tasks they generate: node-lifetime, so they outlive sessions.
+
+A session's Worker decides (`trexo.worker.plan`) and the pool does: it starts a runner for
+an assignment and keeps it alive (restarting it with backoff when it dies) until told to
+stop it; it forwards a task to a runner and streams the chunks to the requesting node. A
+model stays loaded and a stream keeps flowing while the master changes: only the Worker,
+which merely plans and reports, is swapped. Every process still has one owner nursery,
+the pool's, so the node's stop reaps them all (DESIGN §1).
+
+What the pool learns (runner statuses, task progress) it posts as local events on
+`facts`; the current session's Worker sends them to its master.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from pathlib import Path
+
+import attrs
+import trio
+
+from trexo import catalog
+from trexo.config import (
+    FINISHED_TASKS_REMEMBERED,
+    RUNNER_RESTART_POLICY,
+    STREAM_SEND_TIMEOUT_S,
+    RestartPolicy,
+    RunnerConfig,
+)
+from trexo.errors import ClusterError, RequestRejected, RunnerError, RunnerUnavailable
+from trexo.lifecycle import RestartIntensity
+from trexo.net.router import PeerUnreachable, Router
+from trexo.net.topics import Topic
+from trexo.types.chunks import FinishReason
+from trexo.types.failure import FailureKind
+from trexo.types.ids import InstanceId, RequestId, RunnerId
+from trexo.types.local_events import LocalEvent, RunnerReport, TaskInFlight, TaskReport
+from trexo.types.runner_status import (
+    TERMINAL_STATUSES,
+    RunnerFailed,
+    RunnerIdle,
+    RunnerReady,
+    RunnerRunning,
+    RunnerStatus,
+)
+from trexo.types.state import Instance, RunnerAssignment, Task
+from trexo.types.stream import StreamChunk, StreamFailed
+from trexo.worker.runner_supervisor import RunnerSupervisor
+
+log = logging.getLogger(__name__)
+
+
+def failure_kind(exc: Exception) -> FailureKind:
+    """How the API should answer a task that failed with `exc`."""
+    if isinstance(exc, RequestRejected):
+        return FailureKind.INVALID_REQUEST
+    if isinstance(exc, RunnerUnavailable):
+        return FailureKind.UNAVAILABLE  # its restart is on the way: retry shortly
+    return FailureKind.INTERNAL
+
+
+@attrs.define
+class PoolRunner:
+    """One assignment's runner, through all of its restarts."""
+
+    instance: Instance
+    assignment: RunnerAssignment
+    supervisor: RunnerSupervisor | None = None
+    """The current process's supervisor (None between a death and the restart)."""
+    status: RunnerStatus = RunnerIdle()
+    """What was last reported of it (its supervisor's status, or the pending restart)."""
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    @property
+    def runner_id(self) -> RunnerId:
+        return self.assignment.runner_id
+
+
+@attrs.define
+class _InFlight:
+    task: Task
+    supervisor: RunnerSupervisor
+    cancelling: bool = False
+
+
+class RunnerPool:
+    """Start with `await nursery.start(pool.run)`; it returns itself once ready."""
+
+    def __init__(
+        self,
+        router: Router,
+        *,
+        models_dir: Path,
+        runner_logs_dir: Path,
+        runner_config: RunnerConfig = RunnerConfig(),
+        runner_env: dict[str, str] | None = None,
+        restart_policy: RestartPolicy = RUNNER_RESTART_POLICY,
+        finished_remembered: int = FINISHED_TASKS_REMEMBERED,
+    ) -> None:
+        self._router = router
+        self._models_dir = models_dir
+        self._runner_logs_dir = runner_logs_dir
+        self._runner_config = runner_config
+        self._runner_env = runner_env or {}
+        self._restart_policy = restart_policy
+        self._finished_remembered = finished_remembered
+        self._runners: dict[RunnerId, PoolRunner] = {}
+        self._failures: dict[InstanceId, RestartIntensity] = {}
+        """Recent runner deaths per instance: they set the next restart's backoff."""
+        self._inflight: dict[RequestId, _InFlight] = {}
+        self.finished: OrderedDict[RequestId, FinishReason] = OrderedDict()
+        """Tasks that ended here recently, with how: a new master that still lists one (the
+        report went to the old master) is told again, and it is never run twice."""
+        self._changed = trio.Event()
+        self._facts_send, self.facts = trio.open_memory_channel[LocalEvent](math.inf)
+        self._nursery: trio.Nursery | None = None
+
+    # --- the service -------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[RunnerPool] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with self._facts_send, trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                task_status.started(self)
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    # --- what the worker reads -------------------------------------------------------------
+
+    @property
+    def runners(self) -> dict[RunnerId, PoolRunner]:
+        """The runners this pool keeps alive now (starting, loading, ready, restarting)."""
+        return dict(self._runners)
+
+    @property
+    def inflight(self) -> dict[RequestId, Task]:
+        """Tasks being generated now."""
+        return {rid: entry.task for rid, entry in self._inflight.items()}
+
+    @property
+    def cancelling(self) -> frozenset[RequestId]:
+        return frozenset(rid for rid, entry in self._inflight.items() if entry.cancelling)
+
+    async def wait_change(self) -> None:
+        """Until a runner or task here starts, changes status or ends."""
+        await self._changed.wait()
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _post(self, fact: LocalEvent) -> None:
+        self._facts_send.send_nowait(fact)
+
+    def facts_now(self) -> list[LocalEvent]:
+        """Everything a new master should hear from this node: each runner's status and
+        each task in flight (it adopts those it missed)."""
+        facts: list[LocalEvent] = [
+            RunnerReport(r.runner_id, r.instance.instance_id, r.status)
+            for r in self._runners.values()
+        ]
+        facts += [TaskInFlight(entry.task) for entry in self._inflight.values()]
+        return facts
+
+    # --- runners -----------------------------------------------------------------------------
+
+    def start(self, instance: Instance, assignment: RunnerAssignment) -> None:
+        """Keep a runner alive for `assignment` until `stop`; no-op if it has one already."""
+        if assignment.runner_id in self._runners:
+            return
+        entry = PoolRunner(instance, assignment)
+        self._runners[assignment.runner_id] = entry
+        self._spawn(self._keep_alive, entry)
+        self._signal()
+
+    def stop(self, runner_id: RunnerId) -> None:
+        """Stop a runner (its ladder runs); it leaves `runners` once reaped."""
+        entry = self._runners.get(runner_id)
+        if entry is not None:
+            log.info("stopping runner %s: its instance is gone", runner_id)
+            entry.scope.cancel()
+
+    def _spawn(self, fn: object, *args: object) -> None:
+        if self._nursery is None:
+            raise RuntimeError("the runner pool is not running")
+        self._nursery.start_soon(fn, *args)  # type: ignore[arg-type]
+
+    def _set_status(self, entry: PoolRunner, status: RunnerStatus) -> None:
+        entry.status = status
+        self._post(RunnerReport(entry.runner_id, entry.instance.instance_id, status))
+        self._signal()
+
+    async def _keep_alive(self, entry: PoolRunner) -> None:
+        try:
+            with entry.scope:
+                while True:
+                    load_error = await self._run_once(entry)
+                    await self._wait_to_restart(entry, load_error)
+        finally:
+            del self._runners[entry.runner_id]
+            self._signal()
+
+    async def _run_once(self, entry: PoolRunner) -> str | None:
+        """One runner process: spawn, load, serve until it exits; why it could not load."""
+        supervisor = RunnerSupervisor(
+            entry.runner_id,
+            config=self._runner_config,
+            log_dir=self._runner_logs_dir,
+            env=self._runner_env,
+            on_status=lambda status: self._set_status(entry, status),
+        )
+        entry.supervisor = supervisor
+        model = entry.instance.model
+        load_error = None
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervisor.run)
+            try:
+                # Node-lifetime, so a demo model's build never delays a session swap.
+                model_dir = await trio.to_thread.run_sync(
+                    catalog.model_dir, model, self._models_dir
+                )
+                await supervisor.load(model_dir, entry.assignment.shard)
+            # OSError: the model directory could not be read (no descriptor left, ...)
+            except (RunnerError, ClusterError, OSError) as exc:
+                log.error("runner %s could not load %s: %s", entry.runner_id, model.model_id, exc)
+                load_error = f"could not load {model.model_id}: {exc}"
+                nursery.cancel_scope.cancel()
+        return load_error
+
+    async def _wait_to_restart(self, entry: PoolRunner, load_error: str | None) -> None:
+        """Back off before the runner that just ended is started again (its restart policy)."""
+        supervisor = entry.supervisor
+        assert supervisor is not None
+        now = trio.current_time()
+        policy = self._restart_policy
+        iid = entry.instance.instance_id
+        history = self._failures.get(
+            iid, RestartIntensity(policy.max_restarts, policy.window)
+        ).record(now)
+        self._failures[iid] = history
+        delay = policy.restart_delay(history.count(now))
+        status = supervisor.status
+        cause = (
+            load_error
+            or (status.cause if isinstance(status, RunnerFailed) else None)
+            or supervisor.exit_cause
+        )
+        log.warning(
+            "runner %s failed (%s), %d time(s) in %.0f s; restarting in %.1f s",
+            entry.runner_id,
+            cause,
+            history.count(now),
+            policy.window,
+            delay,
+        )
+        entry.supervisor = None
+        self._set_status(entry, RunnerFailed(str(cause), restart_in=delay))
+        await trio.sleep(delay)
+
+    # --- tasks -------------------------------------------------------------------------------
+
+    def taken(self, task_id: RequestId) -> bool:
+        """Whether `task_id` runs here now or ended here (so it is never run twice)."""
+        return task_id in self._inflight or task_id in self.finished
+
+    def forward(self, task: Task, runner_id: RunnerId) -> None:
+        """Run `task` on the local runner `runner_id`; stream its chunks to the task's origin."""
+        entry = self._runners[runner_id]
+        if entry.supervisor is None or isinstance(entry.supervisor.status, TERMINAL_STATUSES):
+            # Between a death and the restart: fail it now, as retryable.
+            self._finish(task, "error")
+            self._spawn(
+                self._tell_origin,
+                task,
+                StreamFailed(
+                    task.task_id,
+                    f"runner {runner_id} is restarting ({entry.status}); retry shortly",
+                    FailureKind.UNAVAILABLE,
+                ),
+            )
+            return
+        self._inflight[task.task_id] = _InFlight(task, entry.supervisor)
+        self._spawn(self._forward, task, entry.supervisor)
+        self._signal()
+
+    def cancel(self, task_id: RequestId) -> None:
+        """The task left the state: stop it in its runner (its stream ends "cancelled")."""
+        entry = self._inflight.get(task_id)
+        if entry is not None and not entry.cancelling:
+            entry.cancelling = True
+            self._spawn(entry.supervisor.cancel, task_id)
+
+    def forget_finished(self, keep: set[RequestId]) -> None:
+        """Forget finished tasks that the state no longer lists (nothing can run them again)."""
+        for task_id in [t for t in self.finished if t not in keep]:
+            del self.finished[task_id]
+
+    def _finish(self, task: Task, reason: FinishReason) -> None:
+        self._inflight.pop(task.task_id, None)
+        self.finished[task.task_id] = reason
+        while len(self.finished) > self._finished_remembered:
+            self.finished.popitem(last=False)
+        self._post(TaskReport(task.task_id, finish_reason=reason))
+        self._signal()
+
+    async def _forward(self, task: Task, supervisor: RunnerSupervisor) -> None:
+        reason: FinishReason = "error"
+        try:
+            status = await supervisor.wait_status(
+                lambda s: isinstance(s, RunnerReady | RunnerRunning)
+            )
+            if isinstance(status, TERMINAL_STATUSES):
+                raise RunnerUnavailable(f"runner {supervisor.runner_id} is down: {status}")
+            self._post(TaskReport(task.task_id, "running"))
+            async with supervisor.open_generation(task.request) as stream:
+                async for chunk in stream:
+                    with trio.fail_after(STREAM_SEND_TIMEOUT_S):
+                        await self._router.send(task.origin_node, Topic.STREAM, StreamChunk(chunk))
+                    if chunk.finish_reason is not None:
+                        reason = chunk.finish_reason
+        except (RunnerError, trio.TooSlowError) as exc:
+            log.warning("task %s failed: %s", task.task_id, exc)
+            kind = failure_kind(exc)
+            message = str(exc)
+            if kind is FailureKind.UNAVAILABLE:
+                message = f"{exc}; its runner is being restarted, retry shortly"
+            await self._tell_origin(task, StreamFailed(task.task_id, message, kind))
+        except PeerUnreachable:
+            log.info("task %s: its requesting node is gone; cancelled", task.task_id)
+            reason = "cancelled"
+        finally:
+            self._finish(task, reason)
+
+    async def _tell_origin(self, task: Task, item: StreamFailed) -> None:
+        try:
+            with trio.move_on_after(STREAM_SEND_TIMEOUT_S):
+                await self._router.send(task.origin_node, Topic.STREAM, item)
+        except PeerUnreachable:
+            log.info("task %s: requesting node gone", task.task_id)
