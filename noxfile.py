@@ -49,3 +49,9 @@ def bench_serving(session: nox.Session) -> None:
 def bench_election(session: nox.Session) -> None:
     """Re-election after a master SIGKILL / SIGSTOP, N in {2, 3, 5}: detection to API ready."""
     session.run(PYTHON, "bench/bench_election.py", *session.posargs)
+
+
+@nox.session(name="bench-failover")
+def bench_failover(session: nox.Session) -> None:
+    """A master SIGKILL with a loaded model: first token of a new chat, in-flight streams."""
+    session.run(PYTHON, "bench/bench_failover.py", *session.posargs)

@@ -228,6 +228,7 @@ class Node:
                 trace(self.node_id, "generation_started", clock=session.clock)
                 task_status.started()
         finally:
+            trace(self.node_id, "generation_exited", clock=session.clock)
             self._commands_seen()  # remember the count before the master goes
             self._master = None
             self.sessions.set_session(None, None)

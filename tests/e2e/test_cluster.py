@@ -231,10 +231,41 @@ async def test_a_swap_while_a_runner_loads_does_not_wait_for_the_load(tmp_path: 
         assert worker.process.runner_pids() == runners  # the load was not started over
 
 
-async def test_twenty_master_kills_leak_nothing(tmp_path: Path) -> None:
+async def test_a_killed_nodes_instance_is_placed_again_on_a_survivor(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        await cluster.add_many(3, "--no-model")
+        master = await master_of(cluster)
+        host = next(n for n in cluster.nodes if n is not master)
+        entry = next(n for n in cluster.nodes if n is not master and n is not host)
+        await place(cluster, entry, host)
+        await wait_instance_ready(cluster, entry)
+        assert host.process is not None
+        os.kill(host.process.pid, signal.SIGKILL)
+        with trio.fail_after(TIMEOUT_S):
+            while True:
+                state = (await cluster.http.get(f"{entry.url}/state")).json()
+                placed_on = {
+                    a["node_id"]
+                    for i in state["instances"].values()
+                    for a in i["assignments"]
+                    if i["model"]["model_id"] == MODEL
+                }
+                ready = any(r["status"]["type"] == "RunnerReady" for r in state["runners"].values())
+                if placed_on and host.node_id not in placed_on and ready:
+                    break
+                await trio.sleep(0.05)
+            assert await greedy_text(entry)
+        assert placed_on <= {master.node_id, entry.node_id}
+
+
+async def test_twenty_master_kills_with_a_loaded_model_leak_nothing(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
         await cluster.add_many(3, "--no-model")
         await cluster.wait_converged(expect_nodes=3)
+        first = await master_of(cluster)
+        host = next(n for n in cluster.nodes if n is not first)
+        await place(cluster, host, host)
+        await wait_instance_ready(cluster, host)
         fds_before = {
             n.name: psutil.Process(n.process.pid).num_fds() for n in cluster.nodes if n.process
         }
@@ -246,6 +277,15 @@ async def test_twenty_master_kills_leak_nothing(tmp_path: Path) -> None:
             await wait_new_master(cluster, master.node_id)
             await cluster.start(master)
             await cluster.wait_converged(expect_nodes=3)
+        # The model (kept, or placed again when its host was the master) still serves.
+        survivor = next(n for n in cluster.nodes if n.alive)
+        with trio.fail_after(TIMEOUT_S):
+            while True:
+                state = (await cluster.http.get(f"{survivor.url}/state")).json()
+                if any(r["status"]["type"] == "RunnerReady" for r in state["runners"].values()):
+                    break
+                await trio.sleep(0.05)
+            assert await greedy_text(survivor)
         for node in cluster.nodes:
             assert node.process is not None
             if node.name in fds_before and node.process.process.returncode is None:

@@ -212,6 +212,35 @@ def test_a_lost_node_takes_its_instances_and_their_tasks_with_it() -> None:
     assert decide_nodes_lost(after, frozenset({A})) == []
 
 
+def test_a_lost_nodes_demo_instances_are_placed_again_on_a_survivor_if_they_fit() -> None:
+    b, c = NodeId("b"), NodeId("c")
+    local = ModelRef("mine", "/models/mine", 10 * MiB)
+    huge = ModelRef("huge", "demo:small", 2000 * MiB)
+    lost = [
+        Instance(InstanceId(f"i{k}"), model, (RunnerAssignment(RunnerId(f"r{k}"), b),))
+        for k, model in enumerate((MODEL, local, huge))
+    ]
+    state = apply_all(
+        State(),
+        [
+            NodeUpdated(NODE),
+            NodeUpdated(NodeInfo(b, "host-b", 4096 * MiB, 4096 * MiB)),
+            NodeUpdated(NodeInfo(c, "host-c", 512 * MiB, 512 * MiB)),
+            *(InstanceCreated(i) for i in lost),
+        ],
+    )
+    ids = (f"new-{k}" for k in itertools.count())
+    events = decide_nodes_lost(state, frozenset({A, c}), new_id=lambda: next(ids))
+    assert events[:4] == [*(InstanceDeleted(i.instance_id) for i in lost), NodeRemoved(b)]
+    (again,) = events[4:]  # not the local model (its files were on b), not the one too big
+    assert isinstance(again, InstanceCreated)
+    assert again.instance.model == MODEL
+    assert again.instance.node_ids == (A,)  # the survivor with the most free memory
+    after = apply_all(state, events)
+    assert [i.model for i in after.instances.values()] == [MODEL]
+    assert decide_nodes_lost(after, frozenset({A, c}), new_id=lambda: next(ids)) == []
+
+
 def test_small_memory_drifts_are_not_events_but_real_changes_are() -> None:
     state = apply_all(State(), [NodeUpdated(NODE)])
     drift = attrs.evolve(NODE, memory_available=NODE.memory_available - 10 * MiB)

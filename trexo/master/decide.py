@@ -17,6 +17,7 @@ import attrs
 from trexo.config import MEMORY_REPORT_THRESHOLD_BYTES, PLACEMENT_MEMORY_OVERHEAD
 from trexo.errors import PlacementRefused
 from trexo.master.placement import place
+from trexo.state import apply_all
 from trexo.types.commands import CancelTask, DeleteInstance, PlaceInstance, SubmitTask
 from trexo.types.events import (
     Event,
@@ -182,18 +183,49 @@ def node_info_changed(old: NodeInfo, new: NodeInfo) -> bool:
     return not same_but_memory or drift > MEMORY_REPORT_THRESHOLD_BYTES
 
 
-def decide_nodes_lost(state: State, live: frozenset[NodeId]) -> list[Event]:
-    """Events for every node of `state` that is no longer linked: its instances go, then it.
+def decide_nodes_lost(
+    state: State,
+    live: frozenset[NodeId],
+    *,
+    new_id: Callable[[], str] | None = None,
+    overhead: float = PLACEMENT_MEMORY_OVERHEAD,
+) -> list[Event]:
+    """Events for every node of `state` that is no longer linked: its instances go, then it,
+    then (with `new_id`) each lost instance is placed again on the survivors if it fits.
 
     An instance with a runner on a lost node cannot serve (a split model loses a layer
     range), so it is deleted as a whole; its tasks go with it (`apply` of InstanceDeleted).
+    Only models every node can make are placed again (today the demo models): a local
+    model's directory exists only on the node it was placed on.
     """
     lost = sorted(set(state.nodes) - live)
-    events: list[Event] = []
-    for instance in sorted(state.instances.values(), key=lambda i: i.instance_id):
-        if any(node_id in lost for node_id in instance.node_ids):
-            events.append(InstanceDeleted(instance.instance_id))
+    gone = [
+        instance
+        for instance in sorted(state.instances.values(), key=lambda i: i.instance_id)
+        if any(node_id in lost for node_id in instance.node_ids)
+    ]
+    events: list[Event] = [InstanceDeleted(instance.instance_id) for instance in gone]
     events.extend(NodeRemoved(node_id) for node_id in lost)
+    if new_id is None:
+        return events
+    survivors = apply_all(state, events)
+    for instance in gone:
+        if instance.model.demo_size is None:
+            continue
+        try:
+            again = place(
+                survivors,
+                instance.model,
+                None,
+                InstanceId(new_id()),
+                RunnerId(new_id()),
+                overhead=overhead,
+            )
+        except PlacementRefused as exc:
+            log.info("instance %s is not placed again: %s", instance.instance_id, exc)
+            continue
+        events.append(InstanceCreated(again))
+        survivors = apply_all(survivors, [InstanceCreated(again)])
     return events
 
 

@@ -42,7 +42,7 @@ from trexo.net.router import Envelope, PeerUnreachable, Router
 from trexo.net.topics import Topic
 from trexo.state import apply, carry_over, rebuild_events
 from trexo.types.commands import Command, RequestReplay
-from trexo.types.events import Event, IndexedEvent, SessionOpened
+from trexo.types.events import Event, IndexedEvent, InstanceCreated, SessionOpened
 from trexo.types.ids import NodeId, new_id
 from trexo.types.local_events import LocalEvent
 from trexo.types.refusal import RefusalKind
@@ -195,13 +195,21 @@ class Master:
                 peers = await self.router.wait_peers_change(peers)
 
     async def _handle_peers(self, peers: frozenset[NodeId]) -> None:
-        events = decide_nodes_lost(self._state, peers | {self.router.node_id})
+        events = decide_nodes_lost(
+            self._state,
+            peers | {self.router.node_id},
+            new_id=self._new_id,
+            overhead=self.config.memory_overhead,
+        )
         if not events:
             return
         for task in orphaned_tasks(self._state, events):
             failed = StreamFailed(task.task_id, "the node running this generation left the cluster")
             await self._send(task.origin_node, Topic.STREAM, failed)
-        log.info("nodes left the cluster: %d cleanup events", len(events))
+        replaced = sum(isinstance(e, InstanceCreated) for e in events)
+        log.info(
+            "nodes left the cluster: %d events, %d instances placed again", len(events), replaced
+        )
         for event in events:
             await self._emit(event)
 
