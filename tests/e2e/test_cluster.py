@@ -279,12 +279,8 @@ async def test_twenty_master_kills_with_a_loaded_model_leak_nothing(tmp_path: Pa
             await cluster.wait_converged(expect_nodes=3)
         # The model (kept, or placed again when its host was the master) still serves.
         survivor = next(n for n in cluster.nodes if n.alive)
+        await wait_instance_ready(cluster, survivor)
         with trio.fail_after(TIMEOUT_S):
-            while True:
-                state = (await cluster.http.get(f"{survivor.url}/state")).json()
-                if any(r["status"]["type"] == "RunnerReady" for r in state["runners"].values()):
-                    break
-                await trio.sleep(0.05)
             assert await greedy_text(survivor)
         for node in cluster.nodes:
             assert node.process is not None
