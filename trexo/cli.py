@@ -32,6 +32,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 EXIT_FORCED = 130
 """A second Ctrl-C: leave at once (runners see EOF on their sockets and exit by themselves)."""
 DEMO_PROMPT = "Hello! What can you do?"
+DEMO_MAX_TOKENS = 64
+"""The ready line's example stops here (absent, max_tokens is all the context leaves)."""
 _stopped_cleanly = False
 """Set once the node has stopped in order (a late Ctrl-C after that changes nothing)."""
 
@@ -399,6 +401,7 @@ def ready_message(api_url: str, model_id: str) -> str:
     body = {
         "model": model_id,
         "messages": [{"role": "user", "content": DEMO_PROMPT}],
+        "max_tokens": DEMO_MAX_TOKENS,
         "stream": True,
     }
     curl = shlex.join(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import openai
+import pytest
 import trio
 
 from .harness import run_trexo
@@ -81,3 +83,17 @@ async def test_run_with_a_local_model_directory_serves_it(tmp_path: Path) -> Non
             )
     assert reply.choices[0].message.content is not None
     assert reply.usage is not None and reply.usage.completion_tokens <= 5
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+async def test_the_printed_curl_works_verbatim(tmp_path: Path) -> None:
+    async with run_trexo(tmp_path / "node") as node:
+        stdout = (node.data_dir / "stdout.log").read_text()
+        line = next(li for li in stdout.splitlines() if li.strip().startswith("try: curl"))
+        command = shlex.split(line.strip().removeprefix("try: "))
+        with trio.fail_after(TIMEOUT_S):
+            done = await trio.run_process(command, capture_stdout=True, check=False)
+    assert done.returncode == 0
+    events = [e for e in done.stdout.decode().split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert len(events) > 2  # a role chunk, content, the finish: an answer streamed
