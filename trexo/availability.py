@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import attrs
 
+from trexo.config import API_RETRY_AFTER_S
 from trexo.types.runner_status import (
     RunnerFailed,
     RunnerIdle,
@@ -18,16 +19,13 @@ from trexo.types.runner_status import (
 )
 from trexo.types.state import Instance, State
 
-DEFAULT_RETRY_AFTER_S = 1.0
-"""What to tell a client to wait when nothing better is known (loading, starting)."""
-
 
 @attrs.frozen
 class Availability:
     serving: bool
     reason: str = ""
     """Why it is not serving (empty when it is)."""
-    retry_after: float = DEFAULT_RETRY_AFTER_S
+    retry_after: float = API_RETRY_AFTER_S
 
 
 SERVING = Availability(True)
@@ -52,7 +50,7 @@ def instance_availability(state: State, instance: Instance) -> Availability:
                 return Availability(
                     False,
                     f"{runner} failed ({cause}); restarting in {restart_in:.1f} s",
-                    max(DEFAULT_RETRY_AFTER_S, restart_in),
+                    max(API_RETRY_AFTER_S, restart_in),
                 )
             case RunnerStopped(cause=cause):
                 return Availability(False, f"{runner} was stopped ({cause})")

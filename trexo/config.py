@@ -261,7 +261,8 @@ API_FD_RESERVE = 256
 """File descriptors kept for everything but HTTP clients (runners, peers, logs, refusals):
 the connection cap is at most `fd soft limit - API_FD_RESERVE` (at least half the limit)."""
 API_RETRY_AFTER_S = 1.0
-"""The `Retry-After` of a 503 for too many connections."""
+"""The `Retry-After` of a 503 when nothing better is known (too many connections, no master
+yet, a model still loading)."""
 API_REFUSE_LINGER_S = 0.5
 """A refused connection stays open this long after its 503 to read what the client sent,
 so that closing does not reset the connection before the client read the answer."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trexo.config import API_RETRY_AFTER_S
+
 
 class TrexoError(Exception):
     """Base of every error trexo raises on purpose."""
@@ -55,10 +57,16 @@ class ClusterError(TrexoError):
     """A cluster operation could not be done; the API turns each kind into an HTTP error."""
 
 
-class NoSession(ClusterError):
-    """There is no master right now (an election is running); retry shortly."""
+class Unavailable(ClusterError):
+    """Cannot be done right now; retry after `retry_after_s` (HTTP 503 + Retry-After)."""
 
-    retry_after_s: float = 1.0
+    def __init__(self, message: str = "", retry_after_s: float = API_RETRY_AFTER_S) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NoSession(Unavailable):
+    """There is no master right now (an election is running); retry shortly."""
 
 
 class ModelNotFound(ClusterError):
@@ -93,13 +101,9 @@ class GenerationRejected(ClusterError):
     """The request cannot be served as it is (e.g. it does not fit the model's context)."""
 
 
-class ModelUnavailable(ClusterError):
+class ModelUnavailable(Unavailable):
     """The model is placed but cannot serve now (loading, or its runner restarting, or the
     session changed under the request); retry shortly."""
-
-    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 class LinkError(TrexoError):

@@ -16,12 +16,12 @@ from trexo.errors import (
     GenerationRejected,
     InstanceNotFound,
     ModelNotFound,
-    ModelUnavailable,
     NodeNotFound,
     NoSession,
     PlacementRefused,
     TaskNotFound,
     TrexoError,
+    Unavailable,
 )
 
 ErrorType = Literal["invalid_request_error", "server_error"]
@@ -85,13 +85,10 @@ def cluster_error_to_api(exc: ClusterError) -> ApiError:
     """The HTTP error for a cluster error (see `trexo.api.handle`)."""
     message = str(exc) or type(exc).__doc__ or type(exc).__name__
     match exc:
-        case NoSession():
+        case Unavailable():
+            code = "no_session" if isinstance(exc, NoSession) else "model_unavailable"
             return ApiError(
-                503,
-                message,
-                type=SERVER_ERROR,
-                code="no_session",
-                retry_after_s=exc.retry_after_s,
+                503, message, type=SERVER_ERROR, code=code, retry_after_s=exc.retry_after_s
             )
         case ModelNotFound():
             return ApiError(404, message, code="model_not_found")
@@ -106,14 +103,6 @@ def cluster_error_to_api(exc: ClusterError) -> ApiError:
             return ApiError(400, message, code="placement_refused")
         case CommandRefused():
             return ApiError(400, message, code="command_refused")
-        case ModelUnavailable():
-            return ApiError(
-                503,
-                message,
-                type=SERVER_ERROR,
-                code="model_unavailable",
-                retry_after_s=exc.retry_after_s,
-            )
         case GenerationRejected():
             return ApiError(400, message, code="invalid_request")
         case GenerationFailed():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import attrs
@@ -185,10 +186,10 @@ class RunnerPool:
             log.info("stopping runner %s: its instance is gone", runner_id)
             entry.scope.cancel()
 
-    def _spawn(self, fn: object, *args: object) -> None:
+    def _spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         if self._nursery is None:
             raise RuntimeError("the runner pool is not running")
-        self._nursery.start_soon(fn, *args)  # type: ignore[arg-type]
+        self._nursery.start_soon(fn, *args)
 
     def _set_status(self, entry: PoolRunner, status: RunnerStatus) -> None:
         entry.status = status
