@@ -55,3 +55,9 @@ def bench_election(session: nox.Session) -> None:
 def bench_failover(session: nox.Session) -> None:
     """A master SIGKILL with a loaded model: first token of a new chat, in-flight streams."""
     session.run(PYTHON, "bench/bench_failover.py", *session.posargs)
+
+
+@nox.session(name="bench-sharding")
+def bench_sharding(session: nox.Session) -> None:
+    """One model split over 2-3 nodes: time per token and TTFT against one node; teardown."""
+    session.run(PYTHON, "bench/bench_sharding.py", *session.posargs)

@@ -14,11 +14,13 @@ from trexo import wire
 from trexo.state import apply, apply_all, carry_over, rebuild_events
 from trexo.types.events import (
     Event,
+    GroupReset,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
     NodeRemoved,
     NodeUpdated,
+    RankAddressed,
     RunnerStatusChanged,
     TaskCreated,
     TaskFinished,
@@ -248,6 +250,14 @@ events: st.SearchStrategy[Event] = st.one_of(
     st.builds(TaskCreated, tasks),
     st.builds(TaskStatusChanged, task_ids, st.sampled_from(["pending", "running"])),
     st.builds(TaskFinished, task_ids, st.sampled_from(["stop", "length", "cancelled", "error"])),
+    st.builds(
+        RankAddressed,
+        instance_ids,
+        st.integers(0, 2),
+        st.integers(0, 3),
+        st.sampled_from(["127.0.0.1:5000", "127.0.0.2:5001"]),
+    ),
+    st.builds(GroupReset, instance_ids, st.integers(0, 3)),
 )
 event_lists = st.lists(events, max_size=40)
 
@@ -271,6 +281,10 @@ def test_state_invariants_hold(evs: list[Event]) -> None:
     assert all(t.instance_id in state.instances for t in state.tasks.values())
     for instance_ in state.instances.values():
         assert all(a.runner_id in state.runners for a in instance_.assignments)
+    # Exactly the split instances have a group, with one address slot per rank.
+    assert set(state.groups) == {i for i, inst in state.instances.items() if inst.is_split}
+    for iid, group in state.groups.items():
+        assert len(group.addresses) == len(state.instances[iid].assignments)
 
 
 @given(event_lists)
@@ -307,3 +321,30 @@ def test_carry_over_keeps_everything_but_the_log_position(evs: list[Event]) -> N
     assert kept == attrs.evolve(state, last_index=-1, opened=False)
     # And a new session's log rebuilds it exactly.
     assert apply_all(State(), rebuild_events(kept)) == kept
+
+
+def test_a_split_instance_forms_its_group_rank_by_rank_and_resets_to_a_new_epoch() -> None:
+    a, b = NodeId("n1"), NodeId("n2")
+    split = Instance(
+        InstanceId("i"),
+        MODEL,
+        (
+            RunnerAssignment(RunnerId("r0"), a, ShardSpec(0, 2, rank=0, world_size=2)),
+            RunnerAssignment(RunnerId("r1"), b, ShardSpec(2, 4, rank=1, world_size=2)),
+        ),
+    )
+    state = apply_all(State(), [InstanceCreated(split)])
+    assert state.groups[split.instance_id].group is None
+    state = apply_all(state, [RankAddressed(split.instance_id, 0, 1, "10.0.0.2:7001")])
+    assert state.groups[split.instance_id].group is None  # rank 0 still missing
+    stale = apply(state, RankAddressed(split.instance_id, 5, 0, "10.0.0.1:7000"))
+    assert stale == state  # another epoch's address is not this one's
+    state = apply(state, RankAddressed(split.instance_id, 0, 0, "10.0.0.1:7000"))
+    group = state.groups[split.instance_id].group
+    assert group is not None and group.hosts == ("10.0.0.1:7000", "10.0.0.2:7001")
+    reset = apply(state, GroupReset(split.instance_id, 1))
+    assert reset.groups[split.instance_id].epoch == 1
+    assert reset.groups[split.instance_id].group is None
+    assert apply(reset, GroupReset(split.instance_id, 1)) == reset  # not a newer epoch
+    assert split.instance_id not in apply(reset, InstanceDeleted(split.instance_id)).groups
+    assert apply_all(State(), rebuild_events(reset)) == reset

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from trexo.engine.demo_model import (
     DEFAULT_DEMO_SIZE,
@@ -12,7 +15,7 @@ from trexo.engine.demo_model import (
     ensure_demo_model,
 )
 from trexo.errors import ModelNotFound
-from trexo.types.models import DEMO_SOURCE_PREFIX, ModelRef
+from trexo.types.models import DEMO_SOURCE_PREFIX, ModelLayout, ModelRef
 
 FLOAT32_BYTES = 4
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".gguf")
@@ -28,6 +31,12 @@ def demo_model_ref(size: str = DEFAULT_DEMO_SIZE) -> ModelRef:
         source=f"{DEMO_SOURCE_PREFIX}{size}",
         size_bytes=spec.parameter_count * FLOAT32_BYTES,
         created=DEMO_MODELS_CREATED,
+        layout=ModelLayout(
+            n_layers=spec.num_hidden_layers,
+            n_heads=spec.num_attention_heads,
+            n_kv_heads=spec.num_key_value_heads,
+            intermediate_size=spec.intermediate_size,
+        ),
     )
 
 
@@ -38,7 +47,47 @@ def local_model_ref(path: Path) -> ModelRef:
         raise ModelNotFound(f"{path} is not a model directory (no config.json)")
     size = sum(f.stat().st_size for f in path.iterdir() if f.suffix in WEIGHT_SUFFIXES)
     created = int((path / "config.json").stat().st_mtime)
-    return ModelRef(model_id=path.name, source=str(path), size_bytes=size, created=created)
+    return ModelRef(
+        model_id=path.name,
+        source=str(path),
+        size_bytes=size,
+        created=created,
+        layout=read_layout(path / "config.json"),
+    )
+
+
+def read_layout(config_path: Path) -> ModelLayout | None:
+    """The layout in an mlx-lm `config.json`; None if it is unreadable or lacks a field."""
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return layout_of(config) if isinstance(config, dict) else None
+
+
+def layout_of(config: Mapping[str, Any]) -> ModelLayout | None:
+    """The layout in a parsed `config.json` (or its `text_config`, as multimodal models nest
+    it); `num_key_value_heads` absent or null is the head count, as in mlx-lm."""
+    text_config = config.get("text_config")
+    if "num_hidden_layers" not in config and isinstance(text_config, dict):
+        config = text_config
+    heads = config.get("num_attention_heads")
+    fields = (
+        config.get("num_hidden_layers"),
+        heads,
+        heads if config.get("num_key_value_heads") is None else config["num_key_value_heads"],
+        config.get("intermediate_size"),
+    )
+    counts = [value for value in fields if _is_count(value)]
+    if len(counts) != len(fields):
+        return None
+    n_layers, n_heads, n_kv_heads, intermediate_size = counts
+    return ModelLayout(n_layers, n_heads, n_kv_heads, intermediate_size)
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    """A positive JSON integer (`true` is not 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def builtin_models() -> list[ModelRef]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -49,6 +49,7 @@ from trexo.types.commands import (
     Command,
     DeleteInstance,
     PlaceInstance,
+    PlacementSharding,
     SubmitTask,
 )
 from trexo.types.failure import FailureKind
@@ -70,6 +71,7 @@ _REFUSALS: dict[RefusalKind, type[ClusterError]] = {
     RefusalKind.INSTANCE_NOT_FOUND: InstanceNotFound,
     RefusalKind.TASK_NOT_FOUND: TaskNotFound,
     RefusalKind.INSUFFICIENT_MEMORY: PlacementRefused,
+    RefusalKind.UNSHARDABLE: PlacementRefused,
     RefusalKind.INVALID: CommandRefused,
 }
 
@@ -286,10 +288,24 @@ class ClusterClient:
         return result
 
     async def place_instance(
-        self, model_id: str, node_id: NodeId | None = None, *, only_if_absent: bool = False
+        self,
+        model_id: str,
+        node_ids: Sequence[NodeId] = (),
+        *,
+        sharding: PlacementSharding = "auto",
+        node_count: int | None = None,
+        only_if_absent: bool = False,
     ) -> InstanceId:
         model = self.find_model(model_id)
-        reply = await self.command(PlaceInstance(new_id(), model, node_id, only_if_absent))
+        command = PlaceInstance(
+            new_id(),
+            model,
+            tuple(node_ids),
+            sharding=sharding,
+            node_count=node_count,
+            only_if_absent=only_if_absent,
+        )
+        reply = await self.command(command)
         assert reply.result_id is not None
         return InstanceId(reply.result_id)
 

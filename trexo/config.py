@@ -96,6 +96,26 @@ DEFAULT_PREFILL_STEP_TOKENS = 256
 """Prompt tokens a runner prefills per step. A cancel (a client that left) takes effect
 between steps, so this bounds how long a cancelled long prompt keeps the runner busy."""
 
+# --- split instances (one model across several nodes) ---------------------------------------
+
+GROUP_INIT_TIMEOUT_S = 10.0
+"""How long the ranks of a split instance may take to connect (`mx.distributed.init`
+blocks forever on a peer that never comes); past it the runner is stopped by its ladder
+and the group rebuilt on new ports."""
+GROUP_STALL_TIMEOUT_S = 3.0
+"""Inside a rank: longest wait in one collective (a step of its peers, or rank 0's next
+command) before the rank declares the group frozen and exits. Must exceed the longest
+step (a prefill chunk) of the slowest rank."""
+GROUP_IDLE_TICK_S = 0.25
+"""An idle rank 0 shares an empty command this often, so that every rank's wait in a
+collective stays short and a frozen peer is noticed within `GROUP_STALL_TIMEOUT_S`."""
+GROUP_FORMATION_TIMEOUT_S = 30.0
+"""How long a node waits for every rank of a split instance to report its address before it
+gives up on that epoch (the master rebuilds the group)."""
+GROUP_RANK_STAGGER_S = 0.1
+"""Once a group is complete, rank r connects r times this late: MLX's ring connects fast
+when rank 0 is up first, and retries only about once a second otherwise."""
+
 
 @attrs.frozen
 class RunnerConfig:
@@ -109,6 +129,9 @@ class RunnerConfig:
     max_frame_bytes: int = MAX_FRAME_BYTES
     openblas_threads: int = RUNNER_OPENBLAS_THREADS
     prefill_step: int = DEFAULT_PREFILL_STEP_TOKENS
+    group_init_timeout: float = GROUP_INIT_TIMEOUT_S
+    group_stall_timeout: float = GROUP_STALL_TIMEOUT_S
+    group_idle_tick: float = GROUP_IDLE_TICK_S
 
     @property
     def stop_bound(self) -> float:

@@ -16,18 +16,20 @@ import attrs
 
 from trexo.types.events import (
     Event,
+    GroupReset,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
     NodeRemoved,
     NodeUpdated,
+    RankAddressed,
     RunnerStatusChanged,
     SessionOpened,
     TaskCreated,
     TaskFinished,
     TaskStatusChanged,
 )
-from trexo.types.state import RunnerRecord, State
+from trexo.types.state import GroupState, RunnerRecord, State
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,14 @@ def rebuild_events(state: State) -> list[Event]:
         for r in state.runners.values()
         if implied.get(r.runner_id) != r
     ]
+    for instance_id, group in state.groups.items():
+        if group.epoch != 0:
+            events.append(GroupReset(instance_id, group.epoch))
+        events += [
+            RankAddressed(instance_id, group.epoch, rank, address)
+            for rank, address in enumerate(group.addresses)
+            if address is not None
+        ]
     events += [TaskCreated(task) for task in state.tasks.values()]
     return events
 
@@ -82,6 +92,7 @@ def carry_over(state: State) -> State:
         instances=dict(state.instances),
         runners=dict(state.runners),
         tasks=dict(state.tasks),
+        groups=dict(state.groups),
     )
 
 
@@ -101,7 +112,11 @@ def _apply_event(state: State, event: Event) -> State:
             for a in instance.assignments:
                 runners[a.runner_id] = RunnerRecord(a.runner_id, instance.instance_id, a.node_id)
             instances = {**state.instances, instance.instance_id: instance}
-            return attrs.evolve(state, instances=instances, runners=runners)
+            groups = state.groups
+            if instance.is_split:
+                empty = GroupState.empty(0, len(instance.assignments))
+                groups = {**groups, instance.instance_id: empty}
+            return attrs.evolve(state, instances=instances, runners=runners, groups=groups)
         case InstanceDeleted(instance_id):
             if instance_id not in state.instances:
                 return _unknown(state, event, "instance", instance_id)
@@ -110,6 +125,7 @@ def _apply_event(state: State, event: Event) -> State:
                 instances=_without(state.instances, instance_id),
                 runners={k: r for k, r in state.runners.items() if r.instance_id != instance_id},
                 tasks={k: t for k, t in state.tasks.items() if t.instance_id != instance_id},
+                groups=_without(state.groups, instance_id),
             )
         case RunnerStatusChanged(runner_id, instance_id, node_id, status):
             # Creates a missing record of a known instance; a report about a deleted
@@ -132,6 +148,19 @@ def _apply_event(state: State, event: Event) -> State:
             if task_id not in state.tasks:
                 return _unknown(state, event, "task", task_id)
             return attrs.evolve(state, tasks=_without(state.tasks, task_id))
+        case RankAddressed(instance_id, epoch, rank, address):
+            group = state.groups.get(instance_id)
+            if group is None or group.epoch != epoch or not 0 <= rank < len(group.addresses):
+                return _unknown(state, event, "group epoch or rank", (instance_id, epoch, rank))
+            addresses = tuple(address if r == rank else a for r, a in enumerate(group.addresses))
+            groups = {**state.groups, instance_id: attrs.evolve(group, addresses=addresses)}
+            return attrs.evolve(state, groups=groups)
+        case GroupReset(instance_id, epoch):
+            group = state.groups.get(instance_id)
+            if group is None or epoch <= group.epoch:
+                return _unknown(state, event, "group (or an older epoch)", (instance_id, epoch))
+            reset = GroupState.empty(epoch, len(group.addresses))
+            return attrs.evolve(state, groups={**state.groups, instance_id: reset})
         case SessionOpened():
             return attrs.evolve(state, opened=True)
     log.warning("not an event, ignored: %r", event)  # unreachable for well-typed input

@@ -6,7 +6,7 @@ the block comes back wrapped in exception groups, and it records how each block 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -15,19 +15,36 @@ import trio
 
 from trexo.api.admission import PromptBudget
 from trexo.api.handle import ModelListing
-from trexo.errors import InstanceNotFound, ModelNotFound, NoSession, PlacementRefused
+from trexo.errors import (
+    ClusterError,
+    InstanceNotFound,
+    ModelNotFound,
+    NoSession,
+    PlacementRefused,
+)
 from trexo.types.chunks import Chunk, FinishReason, Usage
+from trexo.types.commands import PlacementSharding
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
-from trexo.types.models import ModelRef
+from trexo.types.models import ModelLayout, ModelRef
 from trexo.types.state import Instance, NodeInfo, RunnerAssignment, State
 
-DEMO = ModelRef("demo-tiny", "demo:tiny", 3_400_000)
+DEMO = ModelRef("demo-tiny", "demo:tiny", 3_400_000, layout=ModelLayout(4, 4, 2, 256))
 OTHER = ModelRef("org/other-model", "/models/other", 10_000_000)
 TOO_BIG = ModelRef("too-big", "/models/too-big", 10**15)
 NODE_ID = NodeId("fake-node")
 FAKE_CONTEXT = 100
 """The fake DEMO model's context, in (fake, one per word) tokens."""
+
+
+@attrs.frozen
+class Placement:
+    """One `place_instance` call, as the fake received it."""
+
+    model_id: str
+    node_ids: tuple[NodeId, ...]
+    sharding: PlacementSharding
+    node_count: int | None
 
 
 @attrs.frozen
@@ -61,6 +78,10 @@ class FakeNode:
         self.finished: dict[RequestId, trio.Event] = {}
         self._cancel: dict[RequestId, trio.Event] = {}
         self.any_entered = trio.Event()
+        self.placements: list[Placement] = []
+        """Every `place_instance` call that named a known model, in order."""
+        self.place_error: ClusterError | None = None
+        """Raised by `place_instance` (after recording the call) when set."""
         instance = Instance(
             InstanceId("inst-0"), DEMO, (RunnerAssignment(RunnerId("runner-0"), NODE_ID),)
         )
@@ -92,15 +113,26 @@ class FakeNode:
             for m in (DEMO, OTHER, TOO_BIG)
         ]
 
-    async def place_instance(self, model_id: str, node_id: NodeId | None = None) -> InstanceId:
+    async def place_instance(
+        self,
+        model_id: str,
+        node_ids: Sequence[NodeId] = (),
+        *,
+        sharding: PlacementSharding = "auto",
+        node_count: int | None = None,
+    ) -> InstanceId:
         await trio.lowlevel.checkpoint()
         if self.no_session:
             raise NoSession()
         model = self._model(model_id)
+        self.placements.append(Placement(model_id, tuple(node_ids), sharding, node_count))
+        if self.place_error is not None:
+            raise self.place_error
         if model is TOO_BIG:
             raise PlacementRefused(f"{model_id} needs more memory than the cluster has")
         instance_id = InstanceId(f"inst-{len(self.state.instances)}")
-        assignment = RunnerAssignment(RunnerId(f"runner-{instance_id}"), node_id or NODE_ID)
+        node_id = node_ids[0] if node_ids else NODE_ID
+        assignment = RunnerAssignment(RunnerId(f"runner-{instance_id}"), node_id)
         instances = {
             **self.state.instances,
             instance_id: Instance(instance_id, model, (assignment,)),

@@ -93,7 +93,7 @@ async def test_place_list_and_delete_instances(http: httpx.AsyncClient, node: Fa
         ({"model": TOO_BIG.model_id}, 400, "placement_refused"),
         ({}, 400, "missing_required_parameter"),
         ({"model": 3}, 400, "invalid_type"),
-        ({"model": DEMO.model_id, "nodes": 2}, 400, "unknown_parameter"),
+        ({"model": DEMO.model_id, "replicas": 2}, 400, "unknown_parameter"),
         ([DEMO.model_id], 400, "invalid_type"),
     ],
 )

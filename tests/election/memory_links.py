@@ -22,6 +22,8 @@ class MemoryLink:
         self.target = target
         self.closed = False
 
+    local_host = "127.0.0.1"
+
     async def send_envelope(self, envelope: Envelope) -> None:
         if self.closed:
             raise trio.BrokenResourceError("link closed")

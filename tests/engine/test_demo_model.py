@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import attrs
 import mlx_lm
 import pytest
+from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 from mlx_lm.utils import get_total_parameters
 
@@ -12,6 +15,7 @@ from trexo.engine.demo_model import (
     DEMO_MODEL_NAMES,
     DEMO_MODEL_SPECS,
     IM_END,
+    VARIED_DEMO_SIZE,
     build_demo_model,
     demo_model_name,
     ensure_demo_model,
@@ -52,9 +56,39 @@ def test_loads_with_mlx_lm_and_chat_template_works(tiny_model: Path) -> None:
 
 
 def test_sizes_are_listed_with_their_shapes() -> None:
-    assert set(DEMO_MODEL_NAMES) == {"tiny", "small"}
+    assert set(DEMO_MODEL_NAMES) == {"tiny", "tiny-varied", "small"}
     assert 0.8e6 < DEMO_MODEL_SPECS["tiny"].parameter_count < 0.9e6
     assert 19e6 < DEMO_MODEL_SPECS["small"].parameter_count < 21e6
+    tiny, varied = DEMO_MODEL_SPECS["tiny"], DEMO_MODEL_SPECS[VARIED_DEMO_SIZE]
+    assert attrs.evolve(varied, block_scale=1.0) == tiny  # the same shape: splits the same
+
+
+def greedy_tokens(model_dir: Path, text: str, max_tokens: int) -> list[int]:
+    model, tokenizer = mlx_lm.load(str(model_dir))
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
+    sampler = make_sampler(temp=0.0)
+    return [
+        r.token
+        for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens, sampler=sampler)
+    ]
+
+
+@pytest.mark.parametrize("text", ["What does the yield statement do?", "Tell me about with."])
+def test_the_varied_model_does_not_repeat_itself(
+    tmp_path: Path, tiny_model: Path, text: str
+) -> None:
+    varied = ensure_demo_model(tmp_path, VARIED_DEMO_SIZE)
+    assert len(set(greedy_tokens(varied, text, 32))) >= 24
+    assert len(set(greedy_tokens(tiny_model, text, 32))) <= 16  # why the variant exists
+
+
+def test_only_the_varied_model_records_its_block_scale(tmp_path: Path, tiny_model: Path) -> None:
+    varied = ensure_demo_model(tmp_path, VARIED_DEMO_SIZE)
+    demo = json.loads((varied / "config.json").read_text())["trexo_demo"]
+    assert demo["block_scale"] == DEMO_MODEL_SPECS[VARIED_DEMO_SIZE].block_scale
+    assert "block_scale" not in json.loads((tiny_model / "config.json").read_text())["trexo_demo"]
 
 
 def test_unknown_size_is_refused(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def test_place_refusals_have_kinds() -> None:
     assert isinstance(short, Refused)
     assert short.kind == RefusalKind.INSUFFICIENT_MEMORY
     assert "needs 12.0 MiB" in short.error
-    ghost = decide(state, PlaceInstance("c", MODEL, NodeId("ghost")))
+    ghost = decide(state, PlaceInstance("c", MODEL, (NodeId("ghost"),)))
     assert ghost == Refused("node ghost is not in the cluster", RefusalKind.NODE_NOT_FOUND)
     bad = decide(state, PlaceInstance("c", ModelRef("", "demo:tiny", 1)))
     assert isinstance(bad, Refused)
@@ -151,36 +151,36 @@ def test_local_events_become_events_only_when_they_change_something() -> None:
     state = apply_all(
         State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1")), TaskCreated(task)]
     )
-    assert decide_local_event(state, NodeReport(NODE)) is None
+    assert decide_local_event(state, NodeReport(NODE)) == []
     moved = NodeInfo(A, "host-a", 1024 * MiB, 512 * MiB)
-    assert decide_local_event(state, NodeReport(moved)) == NodeUpdated(moved)
+    assert decide_local_event(state, NodeReport(moved)) == [NodeUpdated(moved)]
 
     ready = RunnerReport(RunnerId("r1"), InstanceId("i1"), RunnerReady())
-    assert decide_local_event(state, ready) == RunnerStatusChanged(
-        RunnerId("r1"), InstanceId("i1"), A, RunnerReady()
-    )
+    assert decide_local_event(state, ready) == [
+        RunnerStatusChanged(RunnerId("r1"), InstanceId("i1"), A, RunnerReady())
+    ]
     assert (
         decide_local_event(state, RunnerReport(RunnerId("r9"), InstanceId("i1"), RunnerReady()))
-        is None
+        == []
     )
     assert (
         decide_local_event(state, RunnerReport(RunnerId("r1"), InstanceId("i9"), RunnerReady()))
-        is None
+        == []
     )
 
-    assert decide_local_event(state, TaskReport(RequestId("q1"), "pending")) is None
-    assert decide_local_event(state, TaskReport(RequestId("q1"), "running")) == TaskStatusChanged(
-        RequestId("q1"), "running"
-    )
+    assert decide_local_event(state, TaskReport(RequestId("q1"), "pending")) == []
+    assert decide_local_event(state, TaskReport(RequestId("q1"), "running")) == [
+        TaskStatusChanged(RequestId("q1"), "running")
+    ]
     done = TaskReport(RequestId("q1"), finish_reason="length")
-    assert decide_local_event(state, done) == TaskFinished(RequestId("q1"), "length")
-    assert decide_local_event(state, TaskReport(RequestId("zz"), finish_reason="stop")) is None
+    assert decide_local_event(state, done) == [TaskFinished(RequestId("q1"), "length")]
+    assert decide_local_event(state, TaskReport(RequestId("zz"), finish_reason="stop")) == []
 
 
 @pytest.mark.parametrize("status", [RunnerReady(), RunnerLoading(0.1)])
 def test_runner_report_keeps_the_recorded_node(status: object) -> None:
     state = apply_all(State(), [InstanceCreated(instance("i1", "r1"))])
-    event = decide_local_event(state, RunnerReport(RunnerId("r1"), InstanceId("i1"), status))  # type: ignore[arg-type]
+    (event,) = decide_local_event(state, RunnerReport(RunnerId("r1"), InstanceId("i1"), status))  # type: ignore[arg-type]
     assert isinstance(event, RunnerStatusChanged)
     assert event.node_id == A
 
@@ -244,19 +244,19 @@ def test_a_lost_nodes_demo_instances_are_placed_again_on_a_survivor_if_they_fit(
 def test_small_memory_drifts_are_not_events_but_real_changes_are() -> None:
     state = apply_all(State(), [NodeUpdated(NODE)])
     drift = attrs.evolve(NODE, memory_available=NODE.memory_available - 10 * MiB)
-    assert decide_local_event(state, NodeReport(drift)) is None
+    assert decide_local_event(state, NodeReport(drift)) == []
     big = attrs.evolve(NODE, memory_available=NODE.memory_available - 512 * MiB)
-    assert decide_local_event(state, NodeReport(big)) == NodeUpdated(big)
+    assert decide_local_event(state, NodeReport(big)) == [NodeUpdated(big)]
     renamed = attrs.evolve(NODE, api_url="http://127.0.0.1:1")
-    assert decide_local_event(state, NodeReport(renamed)) == NodeUpdated(renamed)
+    assert decide_local_event(state, NodeReport(renamed)) == [NodeUpdated(renamed)]
 
 
 def test_a_task_in_flight_that_the_master_missed_is_adopted_once() -> None:
     state = apply_all(State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1"))])
     missed = Task(RequestId("q1"), InstanceId("i1"), A, request("q1"))
-    adopted = decide_local_event(state, TaskInFlight(missed))
+    (adopted,) = decide_local_event(state, TaskInFlight(missed))
     assert adopted == TaskCreated(attrs.evolve(missed, status="running"))
     state = apply_all(state, [adopted])
-    assert decide_local_event(state, TaskInFlight(missed)) is None  # known now
+    assert decide_local_event(state, TaskInFlight(missed)) == []  # known now
     stray = Task(RequestId("q2"), InstanceId("gone"), A, request("q2"))
-    assert decide_local_event(state, TaskInFlight(stray)) is None  # its instance is gone
+    assert decide_local_event(state, TaskInFlight(stray)) == []  # its instance is gone

@@ -110,7 +110,7 @@ async def settled(h: Harness) -> None:
 
 
 async def place(h: Harness, node_id: NodeId | None = None) -> CommandReply:
-    return await h.command(lambda c: PlaceInstance(c, SMALL, node_id))
+    return await h.command(lambda c: PlaceInstance(c, SMALL, (node_id,) if node_id else ()))
 
 
 # --- tests ---------------------------------------------------------------------------------
@@ -398,6 +398,8 @@ async def test_a_resent_command_is_decided_once_and_answered_again(tmp_path: Pat
 
 async def test_a_node_that_leaves_takes_its_instances_with_it(tmp_path: Path) -> None:
     class NullLink:
+        local_host = "127.0.0.1"
+
         async def send_envelope(self, envelope: Envelope) -> None:
             pass
 

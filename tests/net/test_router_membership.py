@@ -12,6 +12,8 @@ A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
 
 
 class NullLink:
+    local_host = "127.0.0.1"
+
     async def send_envelope(self, envelope: Envelope) -> None:
         pass
 

@@ -6,6 +6,8 @@ import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trexo.state import apply_all
+from trexo.types.events import InstanceCreated, RankAddressed
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.models import ModelRef
@@ -17,6 +19,7 @@ from trexo.worker.plan import (
     LocalWorld,
     StartRunner,
     StopRunner,
+    UpdateGroup,
     plan,
 )
 
@@ -162,3 +165,23 @@ def test_a_task_in_flight_is_cancelled_only_once_the_session_listed_it() -> None
     # It was listed and has left the state: it was cancelled.
     listed = attrs.evolve(unlisted, known=frozenset({t.task_id}))
     assert plan(state_with(mine), listed) == [CancelTask(t.task_id)]
+
+
+def test_a_local_rank_is_told_of_its_group_whenever_it_changes() -> None:
+    split = Instance(
+        InstanceId("i"),
+        MODEL,
+        (
+            RunnerAssignment(RunnerId("r0"), OTHER, ShardSpec(0, 2, rank=0, world_size=2)),
+            RunnerAssignment(RunnerId("r1"), ME, ShardSpec(2, 4, rank=1, world_size=2)),
+        ),
+    )
+    state = apply_all(State(), [InstanceCreated(split)])
+    assert plan(state, LocalWorld(ME)) == [StartRunner(split, split.assignments[1])]
+    running = LocalWorld(ME, runners=frozenset({RunnerId("r1")}))
+    group = state.groups[split.instance_id]
+    assert plan(state, running) == [UpdateGroup(RunnerId("r1"), group)]
+    told = attrs.evolve(running, groups={RunnerId("r1"): group})
+    assert plan(state, told) == []
+    state = apply_all(state, [RankAddressed(split.instance_id, 0, 0, "127.0.0.1:7000")])
+    assert plan(state, told) == [UpdateGroup(RunnerId("r1"), state.groups[split.instance_id])]

@@ -235,6 +235,8 @@ async def test_an_unreachable_master_is_retried(autojump_clock: trio.testing.Moc
     sent: list[Envelope] = []
 
     class Link:
+        local_host = "127.0.0.1"
+
         async def send_envelope(self, envelope: Envelope) -> None:
             sent.append(envelope)
 

@@ -31,8 +31,11 @@ from trexo.api.exchange import ExchangeHTTPConnection
 from trexo.api.handle import ModelListing, NodeHandle
 from trexo.api.instance_request import parse_place_instance
 from trexo.api.sse import SSE_CONTENT_TYPE, SSE_HEADERS, dumps
+from trexo.api.validation import invalid_value, missing
 from trexo.config import ApiConfig
+from trexo.master.previews import PlacementPreview, previews
 from trexo.types.ids import InstanceId, RequestId
+from trexo.types.models import ModelRef
 from trexo.types.state import Instance, State
 from trexo.wire import converter
 
@@ -140,8 +143,22 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
     @app.post("/instances")
     async def place_instance() -> Response:
         place = parse_place_instance(await read_json())
-        instance_id = await node.place_instance(place.model_id, place.node_id)
+        instance_id = await node.place_instance(
+            place.model_id,
+            place.node_ids,
+            sharding=place.sharding,
+            node_count=place.node_count,
+        )
         return json_response({"instance_id": instance_id}, 201)
+
+    @app.get("/instances/previews")
+    async def instance_previews() -> Response:
+        model = known_model(node, preview_model_id(request.args.get("model")))
+        data = [
+            converter.unstructure(p, PlacementPreview)
+            for p in previews(node.current_state(), model)
+        ]
+        return json_response({"model": model.model_id, "previews": data})
 
     @app.delete("/instances/<instance_id>")
     async def delete_instance(instance_id: str) -> Response:
@@ -191,6 +208,29 @@ async def read_json() -> Any:
             f"We could not parse the JSON body of your request: {exc.detail}",
             code="invalid_json",
         ) from None
+
+
+def preview_model_id(raw: str | None) -> str:
+    """The `model` query parameter of `GET /instances/previews`, or a 400."""
+    if raw is None:
+        raise missing("model")
+    if not raw:
+        raise invalid_value("model", "expected a non-empty string")
+    return raw
+
+
+def known_model(node: NodeHandle, model_id: str) -> ModelRef:
+    """The model `model_id` names among those the node knows (as `POST /instances` resolves
+    it), or a 404."""
+    for listing in node.models():
+        if listing.model.model_id == model_id:
+            return listing.model
+    raise ApiError(
+        404,
+        f"The model '{model_id}' does not exist.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def sse_response(app: QuartTrio, body: AsyncIterator[bytes]) -> Response:

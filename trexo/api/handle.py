@@ -9,7 +9,7 @@ maps to an HTTP status: `NoSession` -> 503 with Retry-After, `ModelNotFound` /
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -17,6 +17,7 @@ import attrs
 
 from trexo.api.admission import PromptBudget
 from trexo.types.chunks import Chunk
+from trexo.types.commands import PlacementSharding
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId
 from trexo.types.models import ModelRef
@@ -49,8 +50,16 @@ class NodeHandle(Protocol):
         """Models that can be placed, and whether each is placed now."""
         ...
 
-    async def place_instance(self, model_id: str, node_id: NodeId | None = None) -> InstanceId:
-        """Place a model by id; returns at once with the new instance's id (it then loads)."""
+    async def place_instance(
+        self,
+        model_id: str,
+        node_ids: Sequence[NodeId] = (),
+        *,
+        sharding: PlacementSharding = "auto",
+        node_count: int | None = None,
+    ) -> InstanceId:
+        """Place a model by id, on exactly `node_ids` (rank order) or `node_count` nodes if
+        given; returns at once with the new instance's id (it then loads)."""
         ...
 
     async def delete_instance(self, instance_id: InstanceId) -> None: ...

@@ -38,6 +38,11 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+VARIED_DEMO_SIZE = "tiny-varied"
+VARIED_BLOCK_SCALE = 3.0
+BLOCK_PARAMETER_PREFIX = "model.layers."
+"""Names of the transformer blocks' parameters (what `block_scale` multiplies)."""
+
 MAX_POSITION_EMBEDDINGS = 4096
 RMS_NORM_EPS = 1e-5
 ROPE_THETA = 10000.0
@@ -53,6 +58,11 @@ class DemoModelSpec:
     num_key_value_heads: int
     intermediate_size: int
     vocab_size: int = DEMO_VOCAB_SIZE
+    block_scale: float = 1.0
+    """Factor on the transformer blocks' weight matrices. At 1.0 the residual stream is
+    dominated by the token embedding and greedy output soon repeats one token; at 3.0 the
+    next token depends on the whole context, which tests of split models need (a test that
+    compares a repeated token proves little)."""
 
     @property
     def parameter_count(self) -> int:
@@ -69,6 +79,8 @@ DEMO_MODEL_SPECS: Mapping[str, DemoModelSpec] = MappingProxyType(
     {
         # ~0.85 M parameters, 3.4 MB: for tests.
         "tiny": DemoModelSpec(128, 4, 4, 2, 256),
+        # tiny's shape with stronger blocks: varied greedy output, for split-model tests.
+        VARIED_DEMO_SIZE: DemoModelSpec(128, 4, 4, 2, 256, block_scale=VARIED_BLOCK_SCALE),
         # ~20 M parameters, 80 MB: for benchmarks.
         "small": DemoModelSpec(512, 8, 8, 4, 1024),
     }
@@ -176,6 +188,9 @@ def _build_tokenizer(dest: Path, corpus: list[str], vocab_size: int) -> dict[str
 def _model_config(
     spec: DemoModelSpec, size: str, seed: int, eos_id: int, corpus_sha256: str
 ) -> dict[str, Any]:
+    demo: dict[str, Any] = {"size": size, "seed": seed, "corpus_sha256": corpus_sha256}
+    if spec.block_scale != 1.0:  # only then: the other sizes' files stay byte-identical
+        demo["block_scale"] = spec.block_scale
     return {
         "model_type": "llama",  # selects mlx_lm.models.llama
         "architectures": ["LlamaForCausalLM"],
@@ -192,11 +207,11 @@ def _model_config(
         "torch_dtype": "float32",
         "bos_token_id": None,
         "eos_token_id": eos_id,
-        "trexo_demo": {"size": size, "seed": seed, "corpus_sha256": corpus_sha256},
+        "trexo_demo": demo,
     }
 
 
-def _build_weights(dest: Path, config: dict[str, Any], seed: int) -> None:
+def _build_weights(dest: Path, config: dict[str, Any], seed: int, block_scale: float = 1.0) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.models import llama
@@ -217,6 +232,8 @@ def _build_weights(dest: Path, config: dict[str, Any], seed: int) -> None:
         else:  # N(0, 1/fan_in) keeps activations and tied-embedding logits near unit scale
             value = mx.random.normal(param.shape, dtype=mx.float32, key=key)
             value = value * (param.shape[-1] ** -0.5)
+            if block_scale != 1.0 and name.startswith(BLOCK_PARAMETER_PREFIX):
+                value = value * block_scale
         weights.append((name, value))
     model.update(tree_unflatten(weights))
     mx.eval(model.parameters())
@@ -238,7 +255,7 @@ def build_demo_model(
     corpus = _training_corpus()
     ids = _build_tokenizer(dest, corpus, spec.vocab_size)
     config = _model_config(spec, size, seed, ids[IM_END], _corpus_digest(corpus))
-    _build_weights(dest, config, seed)
+    _build_weights(dest, config, seed, spec.block_scale)
     return dest
 
 

@@ -76,20 +76,31 @@ class Engine:
         on_progress: ProgressCallback | None = None,
         *,
         prefill_step: int = DEFAULT_PREFILL_STEP_TOKENS,
+        world: Any = None,
     ) -> Engine:
         """Load the mlx-lm model in local directory `model_dir`, reporting progress in [0, 1].
 
-        Only a whole model (`shard.is_whole`) can be loaded for now.
+        Without `world` (an `mx.distributed.Group`) only a whole model (`shard.is_whole`) can
+        be loaded; with it, only this rank's part (`trexo.engine.sharding.shard_model`), and
+        every rank of `world` must then run the same generations in the same order.
         """
-        if not shard.is_whole:
-            raise ValueError(f"only whole-model shards can be loaded for now, not {shard}")
+        if world is None and not shard.is_whole:
+            raise ValueError(f"without a rank group only a whole model can be loaded, not {shard}")
         model_dir = Path(model_dir)
         # mlx-lm treats a path that does not exist as a Hugging Face repo id and downloads it.
         if not (model_dir / "config.json").is_file():
             raise FileNotFoundError(f"no model (config.json) in {model_dir}")
         progress = on_progress or _no_progress
         progress(0.0)
-        model, config = load_model(model_dir)
+        if world is None:
+            model, config = load_model(model_dir)
+        else:
+            from trexo.engine.sharding import shard_model
+
+            # Lazily, so that the weights of the layers this rank drops are never read.
+            model, config = load_model(model_dir, lazy=True)
+            shard_model(model, config, shard, world)
+            mx.eval(model.parameters())
         progress(WEIGHTS_LOADED_PROGRESS)
         tokenizer = load_tokenizer(  # type: ignore[no-untyped-call]
             model_dir, eos_token_ids=config.get("eos_token_id")

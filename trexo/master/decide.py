@@ -15,16 +15,17 @@ from collections.abc import Callable
 import attrs
 
 from trexo.config import MEMORY_REPORT_THRESHOLD_BYTES, PLACEMENT_MEMORY_OVERHEAD
-from trexo.errors import PlacementRefused
-from trexo.master.placement import place
+from trexo.master.placement import Infeasible, split_of, try_place
 from trexo.state import apply_all
 from trexo.types.commands import CancelTask, DeleteInstance, PlaceInstance, SubmitTask
 from trexo.types.events import (
     Event,
+    GroupReset,
     InstanceCreated,
     InstanceDeleted,
     NodeRemoved,
     NodeUpdated,
+    RankAddressed,
     RunnerStatusChanged,
     TaskCreated,
     TaskFinished,
@@ -34,13 +35,19 @@ from trexo.types.ids import InstanceId, NodeId, RunnerId
 from trexo.types.local_events import (
     LocalEvent,
     NodeReport,
+    RankAddressReport,
     RunnerReport,
     TaskInFlight,
     TaskReport,
 )
 from trexo.types.refusal import RefusalKind
-from trexo.types.runner_status import TERMINAL_STATUSES, RunnerReady, RunnerRunning
-from trexo.types.state import Instance, NodeInfo, State, Task
+from trexo.types.runner_status import (
+    TERMINAL_STATUSES,
+    RunnerFailed,
+    RunnerReady,
+    RunnerRunning,
+)
+from trexo.types.state import Instance, NodeInfo, RunnerRecord, State, Task
 
 log = logging.getLogger(__name__)
 
@@ -73,27 +80,31 @@ def decide_command(
 ) -> Decision:
     """Validate `command` against `state`; `new_id` names what the command creates."""
     match command:
-        case PlaceInstance(_, model, node_id, only_if_absent):
+        case PlaceInstance(
+            model=model,
+            node_ids=node_ids,
+            sharding=sharding,
+            node_count=node_count,
+            only_if_absent=only_if_absent,
+        ):
             if only_if_absent and (existing := choose_instance(state, model.model_id)):
                 return Accepted((), existing.instance_id)
             if not model.model_id or model.size_bytes < 0:
                 return Refused(
                     f"invalid model {model.model_id!r} ({model.size_bytes} B)", RefusalKind.INVALID
                 )
-            if node_id is not None and node_id not in state.nodes:
-                return Refused(f"node {node_id} is not in the cluster", RefusalKind.NODE_NOT_FOUND)
-            try:
-                instance = place(
-                    state,
-                    model,
-                    node_id,
-                    InstanceId(new_id()),
-                    RunnerId(new_id()),
-                    overhead=overhead,
-                )
-            except PlacementRefused as exc:
-                return Refused(str(exc), RefusalKind.INSUFFICIENT_MEMORY)
-            return Accepted((InstanceCreated(instance),), instance.instance_id)
+            placed = try_place(
+                state,
+                model,
+                new_id=new_id,
+                sharding=sharding,
+                node_ids=node_ids,
+                node_count=node_count,
+                overhead=overhead,
+            )
+            if isinstance(placed, Infeasible):
+                return Refused(placed.reason, placed.kind)
+            return Accepted((InstanceCreated(placed),), placed.instance_id)
         case DeleteInstance(_, instance_id):
             if instance_id not in state.instances:
                 return Refused(f"no instance {instance_id}", RefusalKind.INSTANCE_NOT_FOUND)
@@ -141,38 +152,90 @@ def choose_instance(state: State, model_id: str) -> Instance | None:
     return min(candidates, key=rank)
 
 
-def decide_local_event(state: State, event: LocalEvent) -> Event | None:
-    """The global event recording `event`, or None if it names nothing known or changes nothing."""
+def decide_local_event(state: State, event: LocalEvent) -> list[Event]:
+    """The global events recording `event`: none if it names nothing known or changes nothing."""
     match event:
         case NodeReport(node):
             known = state.nodes.get(node.node_id)
             if known is not None and not node_info_changed(known, node):
-                return None
-            return NodeUpdated(node)
+                return []
+            return [NodeUpdated(node)]
         case RunnerReport(runner_id, instance_id, status):
             record = state.runners.get(runner_id)
             if record is None or record.instance_id != instance_id:
                 log.info(
                     "ignored report of unknown runner %s (instance %s)", runner_id, instance_id
                 )
-                return None
+                return []
             if record.status == status:
-                return None
-            return RunnerStatusChanged(runner_id, instance_id, record.node_id, status)
+                return []
+            changed: list[Event] = [
+                RunnerStatusChanged(runner_id, instance_id, record.node_id, status)
+            ]
+            if isinstance(status, RunnerFailed) and (reset := group_reset(state, record)):
+                changed.append(reset)
+            return changed
+        case RankAddressReport(instance_id, runner_id, epoch, address):
+            return rank_addressed(state, instance_id, runner_id, epoch, address)
         case TaskInFlight(adopted):
             if adopted.task_id in state.tasks or adopted.instance_id not in state.instances:
-                return None
-            return TaskCreated(attrs.evolve(adopted, status="running"))
+                return []
+            return [TaskCreated(attrs.evolve(adopted, status="running"))]
         case TaskReport(task_id, status, finish_reason):
             task = state.tasks.get(task_id)
             if task is None:
                 log.debug("ignored report of unknown task %s (finished already?)", task_id)
-                return None
+                return []
             if finish_reason is not None:
-                return TaskFinished(task_id, finish_reason)
+                return [TaskFinished(task_id, finish_reason)]
             if task.status == status:
-                return None
-            return TaskStatusChanged(task_id, status)
+                return []
+            return [TaskStatusChanged(task_id, status)]
+
+
+def group_reset(state: State, failed: RunnerRecord) -> GroupReset | None:
+    """A rank of a split instance failed: the whole group restarts in a new epoch.
+
+    Only a rank that took part in the current epoch (it reported its address) resets it: the
+    other ranks' failures that follow (their peer left) belong to the same, already reset,
+    epoch. A node reports in order, so its failure in an old epoch reaches the master
+    before its address in the new one.
+    """
+    instance = state.instances.get(failed.instance_id)
+    group = state.groups.get(failed.instance_id)
+    if instance is None or group is None:
+        return None
+    rank = _rank_of(instance, failed.runner_id)
+    if rank is None or group.addresses[rank] is None:
+        return None
+    return GroupReset(instance.instance_id, group.epoch + 1)
+
+
+def rank_addressed(
+    state: State, instance_id: InstanceId, runner_id: RunnerId, epoch: int, address: str
+) -> list[Event]:
+    """Record a rank's address for the current epoch; stale or unknown reports record nothing."""
+    instance = state.instances.get(instance_id)
+    group = state.groups.get(instance_id)
+    rank = _rank_of(instance, runner_id) if instance is not None else None
+    if group is None or rank is None or group.epoch != epoch:
+        log.info(
+            "ignored address of runner %s (instance %s, epoch %d): not its current group",
+            runner_id,
+            instance_id,
+            epoch,
+        )
+        return []
+    if group.addresses[rank] == address:
+        return []
+    return [RankAddressed(instance_id, epoch, rank, address)]
+
+
+def _rank_of(instance: Instance, runner_id: RunnerId) -> int | None:
+    for assignment in instance.assignments:
+        if assignment.runner_id == runner_id:
+            return assignment.shard.rank
+    return None
 
 
 def node_info_changed(old: NodeInfo, new: NodeInfo) -> bool:
@@ -212,21 +275,36 @@ def decide_nodes_lost(
     for instance in gone:
         if instance.model.demo_size is None:
             continue
-        try:
-            again = place(
-                survivors,
-                instance.model,
-                None,
-                InstanceId(new_id()),
-                RunnerId(new_id()),
-                overhead=overhead,
-            )
-        except PlacementRefused as exc:
-            log.info("instance %s is not placed again: %s", instance.instance_id, exc)
+        again = place_again(survivors, instance, new_id=new_id, overhead=overhead)
+        if isinstance(again, Infeasible):
+            log.info("instance %s is not placed again: %s", instance.instance_id, again.reason)
             continue
         events.append(InstanceCreated(again))
         survivors = apply_all(survivors, [InstanceCreated(again)])
     return events
+
+
+def place_again(
+    state: State,
+    lost: Instance,
+    *,
+    new_id: Callable[[], str],
+    overhead: float = PLACEMENT_MEMORY_OVERHEAD,
+) -> Instance | Infeasible:
+    """A new instance of `lost`'s model: split the same way over as many nodes if the
+    survivors allow, else wherever "auto" puts it."""
+    sharding, node_count = split_of(lost)
+    same = try_place(
+        state,
+        lost.model,
+        new_id=new_id,
+        sharding=sharding or "auto",
+        node_count=node_count,
+        overhead=overhead,
+    )
+    if not isinstance(same, Infeasible):
+        return same
+    return try_place(state, lost.model, new_id=new_id, overhead=overhead)
 
 
 def orphaned_tasks(state: State, events: list[Event]) -> list[Task]:

@@ -276,8 +276,7 @@ class Master:
 
     async def _handle_local_event(self, local_event: LocalEvent) -> None:
         self._local_events_handled += 1
-        event = decide_local_event(self._state, local_event)
-        if event is not None:
+        for event in decide_local_event(self._state, local_event):
             await self._emit(event)
 
     # --- emitting ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection
+from trio_websocket import ConnectionClosed, Endpoint, WebSocketConnection
 
 from trexo.config import TransportConfig
 from trexo.errors import WireError
@@ -95,6 +95,12 @@ class Link:
     @property
     def peer_id(self) -> NodeId:
         return self.info.node_id
+
+    @property
+    def local_host(self) -> str | None:
+        """This node's IP on this connection: an address the peer reaches us on."""
+        local = self._ws.local
+        return str(local.address) if isinstance(local, Endpoint) else None
 
     def __repr__(self) -> str:
         return f"<Link to {self.peer_id} at {self.address} dialled by {self.key.dialer}>"

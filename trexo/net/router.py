@@ -41,6 +41,11 @@ class PeerLink(Protocol):
 
     async def send_envelope(self, envelope: Envelope) -> None: ...
 
+    @property
+    def local_host(self) -> str | None:
+        """This node's IP on the link: where the peer reaches this node (None: unknown)."""
+        ...
+
 
 class Router:
     def __init__(self, node_id: NodeId) -> None:
@@ -70,6 +75,11 @@ class Router:
     @property
     def peers(self) -> frozenset[NodeId]:
         return frozenset(self._links)
+
+    def local_host(self, peer: NodeId) -> str | None:
+        """This node's address as `peer` reaches it (the local end of our link), if linked."""
+        link = self._links.get(peer)
+        return link.local_host if link is not None else None
 
     async def publish(self, topic: Topic, payload: object) -> None:
         """Send to every node of the cluster, this one included."""

@@ -10,12 +10,22 @@ EXIT_PROTOCOL_ERROR = 3
 """The parent sent a frame the runner could not read."""
 EXIT_COMPUTE_STUCK = 4
 """The compute thread did not finish within its bound; the runner left with `os._exit`."""
+EXIT_GROUP_BROKEN = 5
+"""A collective of this rank's group failed (a peer rank died or left): the group is over."""
+EXIT_GROUP_STALLED = 6
+"""A collective waited longer than the stall timeout (a peer rank frozen or cut off); the
+runner's watchdog left with `os._exit`."""
+EXIT_RANK_FAILED = 7
+"""This rank could not join its group or load its part of the model, and left the group."""
 
 _MEANINGS = {
     EXIT_OK: "clean exit",
     EXIT_USAGE: "bad command line",
     EXIT_PROTOCOL_ERROR: "protocol error",
     EXIT_COMPUTE_STUCK: "compute thread stuck",
+    EXIT_GROUP_BROKEN: "group broken: a peer rank left",
+    EXIT_GROUP_STALLED: "group stalled: a peer rank stopped responding",
+    EXIT_RANK_FAILED: "rank failed: could not join its group or load its part",
 }
 
 

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId
 from trexo.types.models import ModelRef
 
+PlacementSharding = Literal["pipeline", "tensor", "auto"]
+"""How a placement may split a model: "auto" keeps it whole on one node if it fits there,
+else splits it as a pipeline over the fewest nodes that fit."""
+
 
 @attrs.frozen
 class PlaceInstance:
-    """Place `model`, on `node_id` if given, else wherever it fits best.
+    """Place `model`: on exactly `node_ids` (in that rank order) if given, else on
+    `node_count` nodes if given, else wherever it fits on the fewest nodes.
 
     With `only_if_absent`, an existing instance of the model is the answer instead (how
     every node can ask for the default model and the cluster still gets one).
@@ -19,7 +26,10 @@ class PlaceInstance:
 
     command_id: str
     model: ModelRef
-    node_id: NodeId | None = None
+    node_ids: tuple[NodeId, ...] = ()
+    """Empty: the master chooses."""
+    sharding: PlacementSharding = "auto"
+    node_count: int | None = None
     only_if_absent: bool = False
 
 

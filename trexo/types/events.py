@@ -57,6 +57,24 @@ class TaskFinished:
 
 
 @attrs.frozen
+class RankAddressed:
+    """Rank `rank` of a split instance listens on `address` in the group's `epoch`."""
+
+    instance_id: InstanceId
+    epoch: int
+    rank: int
+    address: str
+
+
+@attrs.frozen
+class GroupReset:
+    """A split instance's group is rebuilt: every rank restarts in `epoch`, on new ports."""
+
+    instance_id: InstanceId
+    epoch: int
+
+
+@attrs.frozen
 class SessionOpened:
     """The master has written the state it carried over: from here on the log is this
     session's own. Workers act on the state (stop runners, cancel tasks) only after it."""
@@ -71,6 +89,8 @@ Event = (
     | TaskCreated
     | TaskStatusChanged
     | TaskFinished
+    | RankAddressed
+    | GroupReset
     | SessionOpened
 )
 

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import attrs
 
-from trexo.config import DEFAULT_PREFILL_STEP_TOKENS
+from trexo.config import (
+    DEFAULT_PREFILL_STEP_TOKENS,
+    GROUP_IDLE_TICK_S,
+    GROUP_INIT_TIMEOUT_S,
+    GROUP_STALL_TIMEOUT_S,
+)
 from trexo.types.chunks import Chunk
 from trexo.types.failure import FailureKind
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import RequestId
 from trexo.types.runner_status import RunnerStatus
-from trexo.types.shard import ShardSpec
+from trexo.types.shard import RankGroup, ShardSpec
 
 # --- parent -> runner ----------------------------------------------------------------------
 
@@ -21,6 +26,13 @@ class LoadModel:
     shard: ShardSpec = ShardSpec()
     prefill_step: int = DEFAULT_PREFILL_STEP_TOKENS
     """Prompt tokens per prefill chunk; a cancel takes effect between chunks."""
+    group: RankGroup | None = None
+    """Set for one rank of a split model: join this group as rank `shard.rank` first
+    (the runner then serves this group for the rest of its life)."""
+    group_init_timeout: float = GROUP_INIT_TIMEOUT_S
+    """The parent gives up on the group after this; the runner itself, a little later."""
+    group_stall_timeout: float = GROUP_STALL_TIMEOUT_S
+    group_idle_tick: float = GROUP_IDLE_TICK_S
 
 
 @attrs.frozen
@@ -62,4 +74,12 @@ class RequestFailed:
     kind: FailureKind = FailureKind.INTERNAL
 
 
-FromRunner = StatusReport | ChunkMessage | RequestFailed
+@attrs.frozen
+class GroupJoined:
+    """Posted as soon as `mx.distributed.init` returned: every rank of the group is up."""
+
+    rank: int
+    world_size: int
+
+
+FromRunner = StatusReport | ChunkMessage | RequestFailed | GroupJoined

@@ -39,4 +39,14 @@ class TaskInFlight:
     task: Task
 
 
-LocalEvent = NodeReport | RunnerReport | TaskReport | TaskInFlight
+@attrs.frozen
+class RankAddressReport:
+    """This node's rank of a split instance will listen on `address` in `epoch`."""
+
+    instance_id: InstanceId
+    runner_id: RunnerId
+    epoch: int
+    address: str
+
+
+LocalEvent = NodeReport | RunnerReport | TaskReport | TaskInFlight | RankAddressReport

@@ -9,6 +9,16 @@ DEMO_SOURCE_PREFIX = "demo:"
 
 
 @attrs.frozen
+class ModelLayout:
+    """The shape that decides how a model can be split (from its `config.json`)."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    intermediate_size: int
+
+
+@attrs.frozen
 class ModelRef:
     """A model by name, where to find its files, and how many bytes its weights take.
 
@@ -22,6 +32,8 @@ class ModelRef:
     created: int = 0
     """Unix time the model was made (OpenAI's `created`): stable across calls, nodes and
     restarts. A local model's `config.json` modification time; a fixed date for demo models."""
+    layout: ModelLayout | None = None
+    """None: not known (the model can only be placed whole)."""
 
     @property
     def demo_size(self) -> str | None:

@@ -13,4 +13,7 @@ class RefusalKind(enum.Enum):
     INSTANCE_NOT_FOUND = "instance_not_found"
     TASK_NOT_FOUND = "task_not_found"
     INSUFFICIENT_MEMORY = "insufficient_memory"
+    UNSHARDABLE = "unshardable"
+    """The model cannot be split as asked (no known layout, too few layers, heads not
+    divisible by the node count)."""
     INVALID = "invalid"

@@ -10,7 +10,7 @@ from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.models import ModelRef
 from trexo.types.runner_status import RunnerIdle, RunnerStatus
-from trexo.types.shard import ShardSpec
+from trexo.types.shard import RankGroup, ShardSpec
 
 
 @attrs.frozen
@@ -46,6 +46,11 @@ class Instance:
         return tuple(a.node_id for a in self.assignments)
 
     @property
+    def is_split(self) -> bool:
+        """Several runners (ranks) hold parts of the model and form a group."""
+        return len(self.assignments) > 1
+
+    @property
     def lead(self) -> RunnerAssignment:
         """The rank-0 runner: it receives tasks and streams their chunks."""
         return min(self.assignments, key=lambda a: a.shard.rank)
@@ -57,6 +62,27 @@ class RunnerRecord:
     instance_id: InstanceId
     node_id: NodeId
     status: RunnerStatus = RunnerIdle()
+
+
+@attrs.frozen
+class GroupState:
+    """The bring-up of a split instance's ranks: which ranks have reported their address
+    for the current `epoch`. A rebuilt group starts a new epoch with no addresses."""
+
+    epoch: int
+    addresses: tuple[str | None, ...]
+    """Rank r's `"ip:port"` for this epoch, or None until its node reports it."""
+
+    @classmethod
+    def empty(cls, epoch: int, world_size: int) -> GroupState:
+        return cls(epoch, (None,) * world_size)
+
+    @property
+    def group(self) -> RankGroup | None:
+        """The group the ranks connect with, once every rank has reported its address."""
+        if any(address is None for address in self.addresses):
+            return None
+        return RankGroup(self.epoch, tuple(a for a in self.addresses if a is not None))
 
 
 TaskStatus = Literal["pending", "running"]
@@ -79,6 +105,8 @@ class State:
     instances: dict[InstanceId, Instance] = attrs.field(factory=dict)
     runners: dict[RunnerId, RunnerRecord] = attrs.field(factory=dict)
     tasks: dict[RequestId, Task] = attrs.field(factory=dict)
+    groups: dict[InstanceId, GroupState] = attrs.field(factory=dict)
+    """The rank group of every instance split over several runners."""
     last_index: int = -1
     """Index of the last event applied; -1 before any."""
     opened: bool = False

@@ -7,10 +7,12 @@ executes what it returns. Each action, once started, shows up in `LocalWorld`, s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import attrs
 
 from trexo.types.ids import NodeId, RequestId, RunnerId
-from trexo.types.state import Instance, RunnerAssignment, State, Task
+from trexo.types.state import GroupState, Instance, RunnerAssignment, State, Task
 
 
 @attrs.frozen
@@ -43,7 +45,16 @@ class CancelTask:
     task_id: RequestId
 
 
-Action = StartRunner | StopRunner | ForwardTask | CancelTask
+@attrs.frozen
+class UpdateGroup:
+    """The rank group of a local runner's split instance changed (an address came in, or a
+    new epoch began): its runner connects once the group is complete, restarts on a new one."""
+
+    runner_id: RunnerId
+    group: GroupState
+
+
+Action = StartRunner | StopRunner | UpdateGroup | ForwardTask | CancelTask
 
 
 @attrs.frozen
@@ -61,6 +72,8 @@ class LocalWorld:
     """Forwarded tasks whose cancellation was already sent."""
     known: frozenset[RequestId] | None = None
     """Tasks this session's state has listed; None: every task in flight counts as known."""
+    groups: Mapping[RunnerId, GroupState] = attrs.field(factory=dict)
+    """The rank group each local runner of a split instance was last told of."""
 
 
 def plan(state: State, local: LocalWorld) -> list[Action]:
@@ -76,6 +89,10 @@ def plan(state: State, local: LocalWorld) -> list[Action]:
                 actions.append(StartRunner(instance, assignment))
     for runner_id in sorted(local.runners - state.runners.keys()):
         actions.append(StopRunner(runner_id))
+    for runner_id in sorted(local.runners & state.runners.keys()):
+        group = state.groups.get(state.runners[runner_id].instance_id)
+        if group is not None and local.groups.get(runner_id) != group:
+            actions.append(UpdateGroup(runner_id, group))
     for task in sorted(state.tasks.values(), key=lambda t: t.task_id):
         if task.task_id in local.taken:
             continue

@@ -25,6 +25,8 @@ import trio
 from trexo import catalog
 from trexo.config import (
     FINISHED_TASKS_REMEMBERED,
+    GROUP_FORMATION_TIMEOUT_S,
+    GROUP_RANK_STAGGER_S,
     RUNNER_RESTART_POLICY,
     STREAM_SEND_TIMEOUT_S,
     RestartPolicy,
@@ -37,7 +39,13 @@ from trexo.net.topics import Topic
 from trexo.types.chunks import FinishReason
 from trexo.types.failure import FailureKind
 from trexo.types.ids import InstanceId, RequestId, RunnerId
-from trexo.types.local_events import LocalEvent, RunnerReport, TaskInFlight, TaskReport
+from trexo.types.local_events import (
+    LocalEvent,
+    RankAddressReport,
+    RunnerReport,
+    TaskInFlight,
+    TaskReport,
+)
 from trexo.types.runner_status import (
     TERMINAL_STATUSES,
     RunnerFailed,
@@ -46,8 +54,10 @@ from trexo.types.runner_status import (
     RunnerRunning,
     RunnerStatus,
 )
-from trexo.types.state import Instance, RunnerAssignment, Task
+from trexo.types.shard import RankGroup
+from trexo.types.state import GroupState, Instance, RunnerAssignment, Task
 from trexo.types.stream import StreamChunk, StreamFailed
+from trexo.worker.rank_address import advertised_host, free_port, rank_address
 from trexo.worker.runner_supervisor import RunnerSupervisor
 
 log = logging.getLogger(__name__)
@@ -73,10 +83,30 @@ class PoolRunner:
     status: RunnerStatus = RunnerIdle()
     """What was last reported of it (its supervisor's status, or the pending restart)."""
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    group: GroupState | None = None
+    """Its split instance's rank group as last told (None: whole model, or not told yet)."""
+    group_changed: trio.Event = attrs.field(factory=trio.Event)
+    address: RankAddressReport | None = None
+    """The address this rank reported for the group's current epoch."""
 
     @property
     def runner_id(self) -> RunnerId:
         return self.assignment.runner_id
+
+    def set_group(self, group: GroupState) -> None:
+        self.group = group
+        self.group_changed.set()
+        self.group_changed = trio.Event()
+
+    async def wait_group(self, ready: Callable[[GroupState], bool]) -> GroupState:
+        """Until the group, as last told, satisfies `ready`."""
+        while self.group is None or not ready(self.group):
+            await self.group_changed.wait()
+        return self.group
+
+
+class _EpochMoved(Exception):
+    """The group of a rank's process was rebuilt (a new epoch): start again, at once."""
 
 
 @attrs.define
@@ -99,6 +129,8 @@ class RunnerPool:
         runner_env: dict[str, str] | None = None,
         restart_policy: RestartPolicy = RUNNER_RESTART_POLICY,
         finished_remembered: int = FINISHED_TASKS_REMEMBERED,
+        group_formation_timeout: float = GROUP_FORMATION_TIMEOUT_S,
+        group_rank_stagger: float = GROUP_RANK_STAGGER_S,
     ) -> None:
         self._router = router
         self._models_dir = models_dir
@@ -107,6 +139,8 @@ class RunnerPool:
         self._runner_env = runner_env or {}
         self._restart_policy = restart_policy
         self._finished_remembered = finished_remembered
+        self._group_formation_timeout = group_formation_timeout
+        self._group_rank_stagger = group_rank_stagger
         self._runners: dict[RunnerId, PoolRunner] = {}
         self._failures: dict[InstanceId, RestartIntensity] = {}
         """Recent runner deaths per instance: they set the next restart's backoff."""
@@ -139,6 +173,11 @@ class RunnerPool:
         return dict(self._runners)
 
     @property
+    def groups(self) -> dict[RunnerId, GroupState]:
+        """The rank group each runner of a split instance was last told of."""
+        return {rid: r.group for rid, r in self._runners.items() if r.group is not None}
+
+    @property
     def inflight(self) -> dict[RequestId, Task]:
         """Tasks being generated now."""
         return {rid: entry.task for rid, entry in self._inflight.items()}
@@ -165,6 +204,7 @@ class RunnerPool:
             RunnerReport(r.runner_id, r.instance.instance_id, r.status)
             for r in self._runners.values()
         ]
+        facts += [r.address for r in self._runners.values() if r.address is not None]
         facts += [TaskInFlight(entry.task) for entry in self._inflight.values()]
         return facts
 
@@ -186,6 +226,14 @@ class RunnerPool:
             log.info("stopping runner %s: its instance is gone", runner_id)
             entry.scope.cancel()
 
+    def update_group(self, runner_id: RunnerId, group: GroupState) -> None:
+        """The state's word on a split runner's group: connect once complete, restart on a
+        new epoch."""
+        entry = self._runners.get(runner_id)
+        if entry is not None:
+            entry.set_group(group)
+            self._signal()
+
     def _spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         if self._nursery is None:
             raise RuntimeError("the runner pool is not running")
@@ -200,14 +248,22 @@ class RunnerPool:
         try:
             with entry.scope:
                 while True:
-                    load_error = await self._run_once(entry)
+                    try:
+                        load_error = await self._run_once(entry)
+                    except _EpochMoved:
+                        continue  # its peers restart too: no backoff, no failure
                     await self._wait_to_restart(entry, load_error)
         finally:
             del self._runners[entry.runner_id]
             self._signal()
 
     async def _run_once(self, entry: PoolRunner) -> str | None:
-        """One runner process: spawn, load, serve until it exits; why it could not load."""
+        """One runner process: spawn, load, serve until it exits; why it could not load.
+
+        A rank of a split instance first reports its address and waits for its group's
+        other ranks; its process ends, and `_EpochMoved` is raised, when the group is
+        rebuilt (one of its peers failed).
+        """
         supervisor = RunnerSupervisor(
             entry.runner_id,
             config=self._runner_config,
@@ -218,20 +274,97 @@ class RunnerPool:
         entry.supervisor = supervisor
         model = entry.instance.model
         load_error = None
+        moved = trio.Event()  # set when the group is rebuilt under this process
         async with trio.open_nursery() as nursery:
+            # Spawned before its group forms: the interpreter's start overlaps the wait.
             await nursery.start(supervisor.run)
             try:
                 # Node-lifetime, so a demo model's build never delays a session swap.
                 model_dir = await trio.to_thread.run_sync(
                     catalog.model_dir, model, self._models_dir
                 )
-                await supervisor.load(model_dir, entry.assignment.shard)
+                group = None
+                if entry.instance.is_split:
+                    group = await self._join_group(entry)
+                    nursery.start_soon(
+                        self._end_with_epoch, entry, group.epoch, supervisor, moved, nursery
+                    )
+                await supervisor.load(model_dir, entry.assignment.shard, group)
+            except _EpochMoved:
+                moved.set()
             # OSError: the model directory could not be read (no descriptor left, ...)
             except (RunnerError, ClusterError, OSError) as exc:
                 log.error("runner %s could not load %s: %s", entry.runner_id, model.model_id, exc)
                 load_error = f"could not load {model.model_id}: {exc}"
+            if moved.is_set() or load_error is not None:
                 nursery.cancel_scope.cancel()
+        # A rank stopped because its peers restart is no failure of its own.
+        if moved.is_set() and not isinstance(supervisor.status, RunnerFailed):
+            raise _EpochMoved
         return load_error
+
+    async def _join_group(self, entry: PoolRunner) -> RankGroup:
+        """Report this rank's address for the group's epoch; wait until every rank has.
+
+        Raises `RunnerUnavailable` when the group does not form in time, `_EpochMoved` when
+        it is rebuilt meanwhile.
+        """
+        group = await entry.wait_group(lambda g: True)
+        epoch = group.epoch
+        if entry.address is None or entry.address.epoch != epoch:
+            host = advertised_host(self._router, entry.instance)
+            if host is None:
+                raise RunnerUnavailable(
+                    f"runner {entry.runner_id}: no link to another rank's node, so no address"
+                )
+            address = rank_address(host, free_port(host))
+            entry.address = RankAddressReport(
+                entry.instance.instance_id, entry.runner_id, epoch, address
+            )
+            self._post(entry.address)
+            log.info(
+                "runner %s: rank %d of epoch %d listens on %s",
+                entry.runner_id,
+                entry.assignment.shard.rank,
+                epoch,
+                address,
+            )
+        with trio.move_on_after(self._group_formation_timeout):
+            formed = await entry.wait_group(lambda g: g.epoch != epoch or g.group is not None)
+            if formed.group is None or formed.epoch != epoch:
+                raise _EpochMoved
+            # Rank 0 connects first: a ring whose rank 0 comes late costs a second or more.
+            await trio.sleep(self._group_rank_stagger * entry.assignment.shard.rank)
+            return formed.group
+        latest = entry.group or group
+        missing = [r for r, a in enumerate(latest.addresses) if a is None]
+        raise RunnerUnavailable(
+            f"the group of instance {entry.instance.instance_id} did not form within "
+            f"{self._group_formation_timeout:g} s (epoch {epoch}; no address from ranks "
+            f"{', '.join(map(str, missing))})"
+        )
+
+    @staticmethod
+    async def _end_with_epoch(
+        entry: PoolRunner,
+        epoch: int,
+        supervisor: RunnerSupervisor,
+        moved: trio.Event,
+        process_nursery: trio.Nursery,
+    ) -> None:
+        """Stop the rank's process (its ladder runs) when its group is rebuilt; return when
+        the process has ended either way."""
+        async with trio.open_nursery() as race:
+
+            async def process_ended() -> None:
+                await supervisor.wait_status(lambda _: False)  # returns once terminal
+                race.cancel_scope.cancel()
+
+            race.start_soon(process_ended)
+            await entry.wait_group(lambda g: g.epoch != epoch)
+            log.info("runner %s: its group moved past epoch %d; restarting", entry.runner_id, epoch)
+            moved.set()
+            process_nursery.cancel_scope.cancel()
 
     async def _wait_to_restart(self, entry: PoolRunner, load_error: str | None) -> None:
         """Back off before the runner that just ended is started again (its restart policy)."""

@@ -41,6 +41,7 @@ from trexo.types.ipc import (
     ChunkMessage,
     FromRunner,
     Generate,
+    GroupJoined,
     LoadModel,
     RequestFailed,
     Shutdown,
@@ -55,7 +56,7 @@ from trexo.types.runner_status import (
     RunnerStatus,
     RunnerStopped,
 )
-from trexo.types.shard import ShardSpec
+from trexo.types.shard import RankGroup, ShardSpec
 from trexo.wire import FramedStream
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,14 @@ class _Failure:
     """Put in a request's chunk channel instead of a chunk: the request ended in error."""
 
     error: RunnerError
+
+
+def _request_error(kind: FailureKind, message: str) -> RunnerError:
+    if kind is FailureKind.INVALID_REQUEST:
+        return RequestRejected(message)
+    if kind is FailureKind.UNAVAILABLE:  # e.g. its rank group broke: retry once rebuilt
+        return RunnerUnavailable(message)
+    return RunnerError(message)
 
 
 def runner_command(ipc_fd: int, runner_id: str, config: RunnerConfig) -> list[str]:
@@ -145,6 +154,8 @@ class RunnerSupervisor:
         self.stop_step: str | None = None
         """Which step of the stop ladder ended the process, if the ladder ran."""
         self.pid: int | None = None
+        self.joined_group: GroupJoined | None = None
+        """Set once the runner has joined its rank group (a split model's rank only)."""
         self._status_changed = trio.Event()
         self._inflight: dict[RequestId, trio.MemorySendChannel[Chunk | _Failure]] = {}
         self._stream: FramedStream | None = None
@@ -278,6 +289,9 @@ class RunnerSupervisor:
         match msg:
             case StatusReport(status=status):
                 self._set_status(status)
+            case GroupJoined():
+                self.joined_group = msg
+                self._notify()
             case ChunkMessage(chunk=chunk):
                 channel = self._inflight.get(chunk.request_id)
                 if channel is None:
@@ -289,9 +303,7 @@ class RunnerSupervisor:
             case RequestFailed(request_id=request_id, message=message, kind=kind):
                 channel = self._inflight.pop(request_id, None)
                 if channel is not None:
-                    rejected = kind is FailureKind.INVALID_REQUEST
-                    error = RequestRejected(message) if rejected else RunnerError(message)
-                    channel.send_nowait(_Failure(error))
+                    channel.send_nowait(_Failure(_request_error(kind, message)))
                     channel.close()
 
     def _finish(self, stopped_by_owner: bool) -> None:
@@ -334,10 +346,14 @@ class RunnerSupervisor:
         if isinstance(self.status, TERMINAL_STATUSES):
             return
         self.status = status
-        self._status_changed.set()
-        self._status_changed = trio.Event()
+        self._notify()
         if self._on_status is not None:
             self._on_status(status)
+
+    def _notify(self) -> None:
+        """Wake whoever waits for a status (or the group join) to change."""
+        self._status_changed.set()
+        self._status_changed = trio.Event()
 
     async def wait_status(self, predicate: Callable[[RunnerStatus], bool]) -> RunnerStatus:
         """Wait until the status satisfies `predicate` (or is terminal); return it."""
@@ -347,9 +363,30 @@ class RunnerSupervisor:
 
     # --- requests ---------------------------------------------------------------------------
 
-    async def load(self, model_dir: Path, shard: ShardSpec = ShardSpec()) -> None:
-        """Load and warm up a model; raise `LoadFailed` unless the runner becomes ready."""
-        await self._send(LoadModel(str(model_dir), shard, self.config.prefill_step))
+    async def load(
+        self, model_dir: Path, shard: ShardSpec = ShardSpec(), group: RankGroup | None = None
+    ) -> None:
+        """Load and warm up a model; raise `LoadFailed` unless the runner becomes ready.
+
+        With `group`, the runner is rank `shard.rank` of a split model: it must first join
+        the group within `config.group_init_timeout` (every rank's runner loads at the same
+        time, rank 0's first), then load its part within `config.load_timeout`. A runner
+        that fails to join is stuck in `mx.distributed.init`: stop it (cancel `run`).
+        """
+        config = self.config
+        await self._send(
+            LoadModel(
+                str(model_dir),
+                shard,
+                config.prefill_step,
+                group=group,
+                group_init_timeout=config.group_init_timeout,
+                group_stall_timeout=config.group_stall_timeout,
+                group_idle_tick=config.group_idle_tick,
+            )
+        )
+        if group is not None:
+            await self._wait_joined(shard, group)
         with trio.move_on_after(self.config.load_timeout) as scope:
             status = await self.wait_status(lambda s: isinstance(s, RunnerReady))
         if scope.cancelled_caught:
@@ -359,6 +396,20 @@ class RunnerSupervisor:
         if not isinstance(status, RunnerReady):
             cause = getattr(status, "cause", repr(status))
             raise LoadFailed(f"runner {self.runner_id}: {cause}")
+
+    async def _wait_joined(self, shard: ShardSpec, group: RankGroup) -> None:
+        timeout = self.config.group_init_timeout
+        with trio.move_on_after(timeout):
+            await self.wait_status(lambda _: self.joined_group is not None)
+        if self.joined_group is not None:
+            return
+        if isinstance(self.status, TERMINAL_STATUSES):
+            cause = getattr(self.status, "cause", repr(self.status))
+            raise LoadFailed(f"runner {self.runner_id}: {cause}")
+        raise LoadFailed(
+            f"rank {shard.rank} of {len(group.hosts)} did not join its group within "
+            f"{timeout} s (hosts {', '.join(group.hosts)})"
+        )
 
     @asynccontextmanager
     async def open_generation(self, request: GenerationRequest) -> AsyncIterator[ChunkStream]:

@@ -31,6 +31,7 @@ from trexo.worker.plan import (
     LocalWorld,
     StartRunner,
     StopRunner,
+    UpdateGroup,
     plan,
 )
 from trexo.worker.runner_pool import RunnerPool
@@ -94,6 +95,7 @@ class Worker:
             inflight=inflight,
             cancelling=pool.cancelling,
             known=frozenset(self._known),
+            groups=pool.groups,
         )
 
     async def _wait_state_change(self) -> None:
@@ -134,6 +136,8 @@ class Worker:
                 self._pool.start(instance, assignment)
             case StopRunner(runner_id=runner_id):
                 self._pool.stop(runner_id)
+            case UpdateGroup(runner_id=runner_id, group=group):
+                self._pool.update_group(runner_id, group)
             case ForwardTask(task=task, runner_id=runner_id):
                 self._pool.forward(task, runner_id)
             case CancelTask(task_id=task_id):

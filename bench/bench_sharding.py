@@ -1,0 +1,252 @@
+"""One model split across nodes: decode speed, first token and teardown, through the API.
+
+Three `trexo run` processes on loopback (static peers), the small demo model (20 M
+parameters). Each trial places, in turn, the model whole on one node, pipeline-split over 2
+and over 3 nodes, and tensor-split over 2 nodes (always through node A's API, and always
+with node A as rank 0), waits until it serves, and measures a greedy chat stream as users
+send it (the openai client): time to first token and decode time per token (first token
+to last, over the tokens after the first). Ratios are against the single node of the same
+trial. Then, with a 2-node pipeline instance serving a stream:
+
+- SIGKILL of rank 1's runner -> every rank's runner process of the instance has exited;
+- SIGSTOP of rank 1's node -> rank 0's runner has exited (the node then gets SIGCONT and a
+  restart).
+
+Run: `nox -s bench-sharding` (`-- -k 5` for trials).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.stats import markdown_table, summarize, write_results
+from tests.e2e.cluster import Cluster, ClusterNode, open_cluster
+
+MODEL = "trexo-demo-small"
+MESSAGES = [{"role": "user", "content": "Explain the for statement."}]
+DECODE_TOKENS = 64
+STEP_S = 0.005
+READY_TIMEOUT_S = 120.0
+TEARDOWN_TIMEOUT_S = 30.0
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "1 node": {"nodes": 1, "sharding": "auto"},
+    "pipeline, 2 nodes": {"nodes": 2, "sharding": "pipeline"},
+    "pipeline, 3 nodes": {"nodes": 3, "sharding": "pipeline"},
+    "tensor, 2 nodes": {"nodes": 2, "sharding": "tensor"},
+}
+
+
+def client(node: ClusterNode) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{node.url}/v1", api_key="x", max_retries=0)
+
+
+async def timed_stream(node: ClusterNode, max_tokens: int) -> dict[str, float]:
+    """A greedy chat stream: time to its first token, and per token after that."""
+    sent = time.perf_counter()
+    response = await client(node).chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=max_tokens,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    first = last = 0.0
+    tokens = 0
+    async for chunk in response:
+        if chunk.choices and chunk.choices[0].delta.content:
+            last = time.perf_counter()
+            first = first or last
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return {"ttft_s": first - sent, "per_token_s": (last - first) / max(1, tokens - 1)}
+
+
+async def place(
+    http: httpx.AsyncClient, via: ClusterNode, nodes: list[ClusterNode], layout: dict[str, Any]
+) -> str:
+    body = {
+        "model": MODEL,
+        "sharding": layout["sharding"],
+        "node_ids": [n.node_id for n in nodes[: layout["nodes"]]],
+    }
+    response = await http.post(f"{via.url}/instances", json=body)
+    response.raise_for_status()
+    instance_id: str = response.json()["instance_id"]
+    return instance_id
+
+
+async def wait_serving(via: ClusterNode) -> float:
+    """Until a chat is answered (bring-up done); seconds it took."""
+    started = time.perf_counter()
+    with trio.fail_after(READY_TIMEOUT_S):
+        while True:
+            try:
+                await client(via).chat.completions.create(
+                    model=MODEL,
+                    messages=MESSAGES,  # type: ignore[arg-type]
+                    max_tokens=1,
+                )
+                return time.perf_counter() - started
+            except openai.APIError:
+                await trio.sleep(0.05)
+
+
+async def delete(http: httpx.AsyncClient, via: ClusterNode, instance_id: str) -> None:
+    (await http.delete(f"{via.url}/instances/{instance_id}")).raise_for_status()
+    with trio.fail_after(TEARDOWN_TIMEOUT_S):
+        while (await http.get(f"{via.url}/state")).json()["instances"]:
+            await trio.sleep(0.05)
+
+
+def runner_pids(node: ClusterNode) -> set[int]:
+    assert node.process is not None
+    return set(node.process.runner_pids())
+
+
+async def wait_exited(pids: set[int]) -> float:
+    """Until none of `pids` is alive (zombies count as exited); seconds it took."""
+    started = time.perf_counter()
+    with trio.fail_after(TEARDOWN_TIMEOUT_S):
+        while any(_alive(pid) for pid in pids):
+            await trio.sleep(STEP_S)
+    return time.perf_counter() - started
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def stream_in_background(node: ClusterNode, outcome: dict[str, Any]) -> None:
+    try:
+        await timed_stream(node, 4000)
+        outcome["error"] = None
+    except openai.APIError as exc:
+        outcome["error"] = f"{type(exc).__name__}: {exc}"
+
+
+async def teardown_trial(
+    cluster: Cluster, http: httpx.AsyncClient, a: ClusterNode, b: ClusterNode, how: str
+) -> dict[str, Any]:
+    instance_id = await place(http, a, [a, b], {"nodes": 2, "sharding": "pipeline"})
+    await wait_serving(a)
+    rank0, rank1 = runner_pids(a), runner_pids(b)
+    outcome: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream_in_background, a, outcome)
+        await trio.sleep(0.3)  # the stream is decoding
+        assert b.process is not None
+        if how == "SIGKILL of rank 1's runner":
+            os.kill(next(iter(rank1)), signal.SIGKILL)
+            outcome["teardown_s"] = await wait_exited(rank0 | rank1)
+        else:
+            os.kill(b.process.pid, signal.SIGSTOP)
+            outcome["teardown_s"] = await wait_exited(rank0)
+            os.kill(b.process.pid, signal.SIGCONT)
+    if how != "SIGKILL of rank 1's runner":
+        await cluster.stop(b)
+        await cluster.start(b)
+    await cluster.wait_converged(expect_nodes=len(cluster.nodes), timeout=READY_TIMEOUT_S)
+    state = (await http.get(f"{a.url}/state")).json()
+    for iid in list(state["instances"]):
+        await delete(http, a, iid)
+    del instance_id
+    return outcome
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        async with open_cluster(Path(tmp)) as cluster, httpx.AsyncClient(timeout=30) as http:
+            nodes = await cluster.add_many(3, "--no-model", "-q")
+            await cluster.wait_converged(expect_nodes=3, timeout=READY_TIMEOUT_S)
+            a = nodes[0]
+            trials: list[dict[str, Any]] = []
+            for k in range(args.trials):
+                trial: dict[str, Any] = {}
+                for name, layout in LAYOUTS.items():
+                    instance_id = await place(http, a, nodes, layout)
+                    bring_up = await wait_serving(a)
+                    runs = [await timed_stream(a, DECODE_TOKENS) for _ in range(args.streams)]
+                    trial[name] = {
+                        "bring_up_s": bring_up,
+                        "ttft_s": statistics.median(r["ttft_s"] for r in runs),
+                        "per_token_s": statistics.median(r["per_token_s"] for r in runs),
+                    }
+                    await delete(http, a, instance_id)
+                trials.append(trial)
+                line = ", ".join(
+                    f"{name}: {v['per_token_s'] * 1e3:.1f} ms/token" for name, v in trial.items()
+                )
+                print(f"trial {k + 1}: {line}", flush=True)
+            teardowns: dict[str, list[dict[str, Any]]] = {}
+            for how in ("SIGKILL of rank 1's runner", "SIGSTOP of rank 1's node"):
+                for k in range(args.teardowns):
+                    outcome = await teardown_trial(cluster, http, a, nodes[1], how)
+                    teardowns.setdefault(how, []).append(outcome)
+                    print(f"{how} #{k + 1}: {outcome}", flush=True)
+    results: dict[str, Any] = {}
+    for name in LAYOUTS:
+        per_token = [t[name]["per_token_s"] for t in trials]
+        results[name] = {
+            "per_token": summarize(per_token),
+            "tokens_per_s": 1 / statistics.median(per_token),
+            "ttft": summarize([t[name]["ttft_s"] for t in trials]),
+            "bring_up": summarize([t[name]["bring_up_s"] for t in trials]),
+            "per_token_ratio": statistics.median(
+                t[name]["per_token_s"] / t["1 node"]["per_token_s"] for t in trials
+            ),
+            "ttft_ratio": statistics.median(
+                t[name]["ttft_s"] / t["1 node"]["ttft_s"] for t in trials
+            ),
+        }
+    for how, outcomes in teardowns.items():
+        results[how] = {
+            "teardown": summarize([o["teardown_s"] for o in outcomes]),
+            "streams_told": sum(o.get("error") is not None for o in outcomes),
+            "trials": len(outcomes),
+        }
+    path = write_results(
+        "sharding",
+        {"model": MODEL, "per_trial": trials, "teardowns": teardowns, "results": results},
+    )
+    rows = {f"{name}: time per token": results[name]["per_token"] for name in LAYOUTS}
+    rows |= {f"{name}: time to first token": results[name]["ttft"] for name in LAYOUTS}
+    rows |= {f"{how} → instance torn down": results[how]["teardown"] for how in teardowns}
+    print(markdown_table(rows))
+    for name in LAYOUTS:
+        r = results[name]
+        print(
+            f"{name}: {r['tokens_per_s']:.0f} tok/s, per token x{r['per_token_ratio']:.2f}, "
+            f"first token x{r['ttft_ratio']:.2f} of one node"
+        )
+    print(f"written to {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-k", "--trials", type=int, default=5)
+    parser.add_argument("--streams", type=int, default=3, help="streams per layout per trial")
+    parser.add_argument("--teardowns", type=int, default=5, help="trials of each failure")
+    trio.run(main_async, parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""One rank's part of a model, checked in one process (real groups: tests/runner)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import pytest
+from mlx.nn.layers.base import Module
+from mlx_lm.utils import load_model
+
+from trexo.engine.engine import Engine
+from trexo.engine.sharding import PipelineEdge, hostfile_entries, shard_model
+from trexo.types.generation import ChatMessage, GenerationRequest, SamplingParams
+from trexo.types.ids import RequestId
+from trexo.types.shard import ShardSpec
+
+N_LAYERS = 4
+REQUEST = GenerationRequest(
+    RequestId("r"),
+    messages=(ChatMessage("user", "What is a lambda?"),),
+    params=SamplingParams(max_tokens=24),
+)
+
+
+@attrs.frozen
+class FakeWorld:
+    """Enough of an `mx.distributed.Group` for the checks made before any collective."""
+
+    rank_: int
+    size_: int
+
+    def rank(self) -> int:
+        return self.rank_
+
+    def size(self) -> int:
+        return self.size_
+
+
+def lazy(model_dir: Path) -> tuple[Any, dict[str, Any]]:
+    return load_model(model_dir, lazy=True)
+
+
+def tokens(engine: Engine) -> list[int]:
+    return [t for chunk in engine.generate(REQUEST, lambda: False) for t in chunk.token_ids]
+
+
+def test_the_hostfile_lists_one_address_per_rank() -> None:
+    assert hostfile_entries(("10.0.0.1:5000", "10.0.0.2:5001")) == [
+        ["10.0.0.1:5000"],
+        ["10.0.0.2:5001"],
+    ]
+
+
+def test_pipeline_keeps_only_its_layers_and_wraps_the_edges(varied_model: Path) -> None:
+    model, config = lazy(varied_model)
+    shard_model(model, config, ShardSpec(1, 3, 1, 3), FakeWorld(1, 3))
+    layers = model.model.layers
+    assert len(layers) == 2
+    assert all(isinstance(layer, PipelineEdge) for layer in layers)
+    assert layers[0].use_sliding is False  # the block's own attributes show through
+    assert len(model.make_cache()) == 2  # the KV cache follows the local layers
+
+
+@pytest.mark.parametrize(
+    ("shard", "world", "message"),
+    [
+        (ShardSpec(0, 2, 1, 2), FakeWorld(0, 2), "has this process as rank 0 of 2"),
+        (ShardSpec(2, 2, 1, 2), FakeWorld(1, 2), r"not \[2, 2\)"),
+        (ShardSpec(2, 9, 1, 2), FakeWorld(1, 2), r"within \[0, 4\)"),
+        (ShardSpec(None, None, 1, 2), FakeWorld(1, 2), "needs layers"),
+        (ShardSpec(0, 2, 0, 2, "tensor"), FakeWorld(0, 2), "holds every layer"),
+        (ShardSpec(0, 4, 0, 3, "tensor"), FakeWorld(0, 3), "cannot be split across 3 ranks"),
+    ],
+)
+def test_impossible_shards_are_refused_clearly(
+    varied_model: Path, shard: ShardSpec, world: FakeWorld, message: str
+) -> None:
+    model, config = lazy(varied_model)
+    with pytest.raises(ValueError, match=message):
+        shard_model(model, config, shard, world)
+
+
+class Blockless(Module):
+    """A model that keeps no list of blocks, and has no `shard`."""
+
+
+def test_models_without_the_needed_shape_are_refused_clearly() -> None:
+    world = FakeWorld(0, 2)
+    with pytest.raises(ValueError, match="cannot be split by pipeline"):
+        shard_model(Blockless(), {}, ShardSpec(0, 2, 0, 2), world)
+    with pytest.raises(ValueError, match=r"no shard\(group\)"):
+        shard_model(Blockless(), {}, ShardSpec(0, 2, 0, 2, "tensor"), world)
+
+
+def test_a_pipeline_of_one_rank_generates_what_the_whole_model_does(varied_model: Path) -> None:
+    # A group of one: the edges' all_gather runs (and is the identity), nothing is sent.
+    whole = Engine.load(varied_model)
+    split = Engine.load(varied_model, ShardSpec(0, N_LAYERS, 0, 1), world=mx.distributed.init())
+    assert isinstance(split.model.model.layers[-1], PipelineEdge)
+    expected = tokens(whole)
+    assert len(set(expected)) > len(expected) // 2
+    assert tokens(split) == expected

@@ -1,0 +1,75 @@
+"""The catalog's model refs carry the layout that decides how a model can be split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trexo.catalog import builtin_models, demo_model_ref, layout_of, local_model_ref
+from trexo.engine.demo_model import DEMO_MODEL_SPECS
+from trexo.types.models import ModelLayout
+
+LLAMA_CONFIG = {
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+}
+
+
+@pytest.mark.parametrize("size", list(DEMO_MODEL_SPECS))
+def test_every_demo_model_has_its_specs_layout(size: str) -> None:
+    spec = DEMO_MODEL_SPECS[size]
+    assert demo_model_ref(size).layout == ModelLayout(
+        spec.num_hidden_layers,
+        spec.num_attention_heads,
+        spec.num_key_value_heads,
+        spec.intermediate_size,
+    )
+    assert all(model.layout is not None for model in builtin_models())
+
+
+def write_model(path: Path, config: Any) -> Path:
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "model.safetensors").write_bytes(b"\0" * 100)
+    return path
+
+
+def test_a_local_model_reads_its_layout_from_config_json(tmp_path: Path) -> None:
+    model = local_model_ref(write_model(tmp_path / "llama", LLAMA_CONFIG))
+    assert model.size_bytes == 100
+    assert model.layout == ModelLayout(32, 32, 8, 14336)
+
+
+@pytest.mark.parametrize(
+    ("config", "layout"),
+    [
+        (LLAMA_CONFIG, ModelLayout(32, 32, 8, 14336)),
+        # key-value heads default to the heads (multi-head attention)
+        ({**LLAMA_CONFIG, "num_key_value_heads": None}, ModelLayout(32, 32, 32, 14336)),
+        (
+            {k: v for k, v in LLAMA_CONFIG.items() if k != "num_key_value_heads"},
+            ModelLayout(32, 32, 32, 14336),
+        ),
+        # multimodal models nest the language model's config
+        ({"text_config": LLAMA_CONFIG, "vision_config": {}}, ModelLayout(32, 32, 8, 14336)),
+        ({k: v for k, v in LLAMA_CONFIG.items() if k != "intermediate_size"}, None),
+        ({**LLAMA_CONFIG, "num_hidden_layers": "32"}, None),
+        ({**LLAMA_CONFIG, "num_hidden_layers": 32.0}, None),
+        ({**LLAMA_CONFIG, "num_attention_heads": True}, None),
+        ({**LLAMA_CONFIG, "num_hidden_layers": 0}, None),
+    ],
+)
+def test_layout_of_a_config(config: dict[str, Any], layout: ModelLayout | None) -> None:
+    assert layout_of(config) == layout
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "{not json", '"a string"'])
+def test_an_unreadable_config_gives_no_layout(tmp_path: Path, text: str) -> None:
+    path = write_model(tmp_path / "odd", {})
+    (path / "config.json").write_text(text)
+    assert local_model_ref(path).layout is None

@@ -1,0 +1,282 @@
+"""Split models: join an `mx.distributed` ring group, keep one rank's part of a model.
+
+Pipeline parallel (any mlx-lm decoder that keeps its blocks in `model.layers` or
+`model.model.layers`): rank r keeps the blocks `[start_layer, end_layer)`, receives the hidden
+state from rank r-1 before its first block, sends it to rank r+1 after its last, and every
+rank `all_gather`s the last rank's output, so all ranks compute the same logits and sample the
+same token. Every rank therefore also holds the embedding, the final norm and the head.
+Tensor parallel: the model's own `shard(group)`.
+
+Everything here runs on the runner's compute thread (MLX streams are per thread).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import tempfile
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, cast
+
+import mlx.core as mx
+from mlx.nn.layers.base import Module
+from mlx_lm.generate import generation_stream
+
+from trexo.types.shard import RankGroup, ShardSpec
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RING_BACKEND = "ring"
+RANK_ENV = "MLX_RANK"
+HOSTFILE_ENV = "MLX_HOSTFILE"
+TENSOR_DIVISIBLE_FIELDS = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+"""`config.json` fields that `shard(group)` splits evenly across the ranks."""
+
+
+class GroupBroken(Exception):
+    """A collective failed (a peer rank left): this group cannot step any more."""
+
+
+def hostfile_entries(hosts: tuple[str, ...]) -> list[list[str]]:
+    """The ring backend's hostfile: one `["ip:port"]` list per rank, in rank order."""
+    return [[host] for host in hosts]
+
+
+def join_group(group: RankGroup, rank: int, give_up_after: float) -> Any:
+    """`mx.distributed.init` as rank `rank` of `group`; the `mx.distributed.Group`.
+
+    `init` blocks, holding the GIL, until every peer has connected: nothing in this process
+    can run meanwhile, not even the code that would notice that the parent left. So a
+    process-wide timer kills the process (SIGALRM, whose default action is to terminate)
+    if `init` has not returned after `give_up_after` seconds. The parent's own, shorter,
+    bound normally acts first; this one holds when the parent is gone.
+    """
+    world_size = len(group.hosts)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a group of {world_size}")
+    with tempfile.NamedTemporaryFile(
+        "w", prefix="trexo-hosts-", suffix=".json", delete=False
+    ) as hostfile:
+        json.dump(hostfile_entries(group.hosts), hostfile)
+    try:
+        # The ring backend reads both at `init` (C++ getenv; os.environ writes through).
+        os.environ[RANK_ENV] = str(rank)
+        os.environ[HOSTFILE_ENV] = hostfile.name
+        signal.setitimer(signal.ITIMER_REAL, give_up_after)
+        try:
+            world = mx.distributed.init(backend=RING_BACKEND, strict=True)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        os.unlink(hostfile.name)
+    if (world.rank(), world.size()) != (rank, world_size):
+        raise RuntimeError(
+            f"joined as rank {world.rank()} of {world.size()}, expected {rank} of {world_size}"
+        )
+    return world
+
+
+# --- one rank's part of a model ------------------------------------------------------------
+
+
+def shard_model(model: Any, config: dict[str, Any], shard: ShardSpec, world: Any) -> None:
+    """Cut the lazily loaded `model` down to this rank's part, in place, before evaluation.
+
+    Weights that are dropped here are never read from disk.
+    """
+    if shard.world_size != world.size() or shard.rank != world.rank():
+        raise ValueError(
+            f"shard is rank {shard.rank} of {shard.world_size}, "
+            f"but the group has this process as rank {world.rank()} of {world.size()}"
+        )
+    if shard.sharding == "tensor":
+        _tensor_shard(model, config, shard, world)
+    else:
+        _pipeline_shard(model, shard, world)
+
+
+def _tensor_shard(model: Any, config: dict[str, Any], shard: ShardSpec, world: Any) -> None:
+    if not callable(getattr(model, "shard", None)):
+        raise ValueError(
+            f"{type(model).__module__} models have no shard(group): "
+            "they cannot be split by tensor, only by pipeline"
+        )
+    blocks = _block_holder(model).layers
+    if (shard.start_layer, shard.end_layer) not in ((None, None), (0, len(blocks))):
+        raise ValueError(
+            f"a tensor shard holds every layer [0, {len(blocks)}), "
+            f"not [{shard.start_layer}, {shard.end_layer})"
+        )
+    for field in TENSOR_DIVISIBLE_FIELDS:
+        value = config.get(field)
+        if isinstance(value, int) and value % world.size():
+            raise ValueError(f"{field} {value} cannot be split across {world.size()} ranks")
+    model.shard(world)
+
+
+def _block_holder(model: Any) -> Any:
+    """The module whose `layers` list holds the transformer blocks."""
+    for holder in (getattr(model, "model", None), model):
+        if isinstance(holder, Module) and isinstance(holder.get("layers"), list):
+            return holder
+    raise ValueError(
+        f"{type(model).__module__} models keep no list of blocks in model.layers or "
+        "model.model.layers: they cannot be split by pipeline"
+    )
+
+
+def _pipeline_shard(model: Any, shard: ShardSpec, world: Any) -> None:
+    holder = _block_holder(model)
+    blocks: list[Any] = holder.layers
+    start, end = shard.start_layer, shard.end_layer
+    if start is None or end is None or not 0 <= start < end <= len(blocks):
+        raise ValueError(
+            f"a pipeline shard needs layers [start, end) within [0, {len(blocks)}), "
+            f"not [{start}, {end})"
+        )
+    rank, size = world.rank(), world.size()
+    local = blocks[start:end]
+    is_last = rank == size - 1
+    if len(local) == 1:
+        local = [PipelineEdge(local[0], world, receive=rank > 0, send=not is_last, gather=True)]
+    else:
+        first = PipelineEdge(local[0], world, receive=rank > 0, send=False, gather=False)
+        last = PipelineEdge(local[-1], world, receive=False, send=not is_last, gather=True)
+        local = [first, *local[1:-1], last]
+    # The KV cache (`make_cache`) and the forward pass follow this list: one entry per local
+    # block. The other blocks' lazily loaded weights go with the old list.
+    holder.layers = local
+    log.info("pipeline rank %d of %d: layers [%d, %d)", rank, size, start, end)
+
+
+class PipelineEdge(Module):
+    """A block at the edge of a rank's layer range: receive before it, send after it.
+
+    `receive`: replace the block's input by the hidden state from rank r-1. `send`: send the
+    output to rank r+1, tied into the block's KV cache with `mx.depends`, because a prefill
+    step evaluates only the cache: without the tie the send never runs and rank r+1 waits
+    forever. `gather`: `all_gather` the outputs and keep the last rank's, the model's output.
+    Other attributes (`use_sliding`, ...) are the block's.
+    """
+
+    def __init__(self, block: Any, world: Any, *, receive: bool, send: bool, gather: bool):
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.block = block
+        self._world = world
+        self._receive = receive
+        self._send = send
+        self._gather = gather
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if "block" not in self:  # still in __init__
+                raise
+            return getattr(self["block"], name)
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        rank = self._world.rank()
+        if self._receive:
+            x = mx.distributed.recv_like(x, rank - 1, group=self._world)
+        h: mx.array = self.block(x, *args, **kwargs)
+        if self._send:
+            h = mx.distributed.send(h, rank + 1, group=self._world)
+            _tie_into_cache(kwargs.get("cache", args[1] if len(args) > 1 else None), h)
+        if self._gather:
+            h = mx.distributed.all_gather(h, group=self._world)[-h.shape[0] :]
+        return h
+
+
+def _tie_into_cache(cache: Any, sent: mx.array) -> None:
+    if cache is None:  # no cache: the output itself is evaluated, and the send with it
+        return
+    keys = getattr(cache, "keys", None)
+    if not isinstance(keys, mx.array):
+        raise TypeError(
+            f"pipeline sharding needs a KV cache with a `keys` array, not {type(cache).__name__}"
+        )
+    cache.keys = mx.depends(keys, sent)
+
+
+# --- the control channel: what rank 0 decides, every rank learns -----------------------------
+
+
+class Watch(Protocol):
+    """Told when the compute thread starts waiting on its peers and when it heard from them."""
+
+    def waiting(self) -> None: ...
+
+    def heard(self) -> None: ...
+
+
+class GroupLink:
+    """Rank 0's decisions shared with every rank, through the group itself (`all_sum`).
+
+    Every rank calls the same methods in the same order; rank 0's arguments are what all
+    of them get back, together with whether any rank is leaving (its parent stops it): then
+    every rank leaves at that same step, and none waits on a peer that is gone. Collectives
+    run on mlx-lm's generation stream, behind any step it has queued, so the ring sees every
+    rank's collectives in one order. Any failure of a collective raises `GroupBroken`: a
+    peer left, and the ranks cannot get back in step.
+    """
+
+    def __init__(self, world: Any, watch: Watch) -> None:
+        self.world = world
+        self.rank: int = world.rank()
+        self.size: int = world.size()
+        self._watch = watch
+
+    @property
+    def is_lead(self) -> bool:
+        return self.rank == 0
+
+    def share_bytes(self, payload: bytes, *, leaving: bool) -> tuple[bytes, bool]:
+        """Rank 0's `payload` (others pass b"") and whether any rank is leaving.
+
+        One collective of two scalars; a second one carries a non-empty payload, unless a
+        rank is leaving (then b"" comes back: nothing more is done in this group).
+        """
+        mine = payload if self.is_lead else b""
+        size, leavers = self._sum_ints(len(mine), int(leaving))
+        if not size or leavers:
+            return b"", bool(leavers)
+        data = mx.array(list(mine), mx.uint8) if self.is_lead else mx.zeros(size, mx.uint8)
+        return bytes(cast(list[int], self._collective(lambda: self._sum(data).tolist()))), False
+
+    def share_flags(self, *, stop: bool, leaving: bool) -> tuple[bool, bool]:
+        """Rank 0's `stop` and whether any rank is leaving: one collective of two scalars."""
+        stops, leavers = self._sum_ints(int(stop and self.is_lead), int(leaving))
+        return bool(stops), bool(leavers)
+
+    def _sum_ints(self, *values: int) -> list[int]:
+        mine = mx.array(values, mx.int32)
+        return cast(list[int], self._collective(lambda: self._sum(mine).tolist()))
+
+    def barrier(self) -> None:
+        """Wait for every rank, however long (a peer still loading its weights)."""
+        self._collective(lambda: self._sum(mx.array(1, dtype=mx.int32)).item(), watched=False)
+
+    def _sum(self, value: mx.array) -> mx.array:
+        # Let what mlx-lm queued (the next step, with its collectives) finish first: if one
+        # of those fails, the error surfaces here. A collective submitted after the ring gave
+        # up on a dead peer neither completes nor raises. The all_sum would wait for them
+        # anyway: it runs behind them on this stream.
+        mx.synchronize(generation_stream)
+        total = mx.distributed.all_sum(value, group=self.world, stream=generation_stream)
+        mx.eval(total)
+        return total
+
+    def _collective(self, run: Callable[[], T], *, watched: bool = True) -> T:
+        if watched:
+            self._watch.waiting()
+        try:
+            result = run()
+        except Exception as exc:  # the ring raises RuntimeError ~5 ms after a peer died
+            raise GroupBroken(str(exc)) from exc
+        self._watch.heard()
+        return result
