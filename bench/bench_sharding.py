@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -154,13 +155,22 @@ async def teardown_trial(
         nursery.start_soon(stream_in_background, a, outcome)
         await trio.sleep(0.3)  # the stream is decoding
         assert b.process is not None
-        if how == "SIGKILL of rank 1's runner":
-            os.kill(next(iter(rank1)), signal.SIGKILL)
-            outcome["teardown_s"] = await wait_exited(rank0 | rank1)
-        else:
-            os.kill(b.process.pid, signal.SIGSTOP)
-            outcome["teardown_s"] = await wait_exited(rank0)
-            os.kill(b.process.pid, signal.SIGCONT)
+        try:
+            if how == "SIGKILL of rank 1's runner":
+                os.kill(next(iter(rank1)), signal.SIGKILL)
+                outcome["teardown_s"] = await wait_exited(rank0 | rank1)
+            else:
+                os.kill(b.process.pid, signal.SIGSTOP)
+                try:
+                    outcome["teardown_s"] = await wait_exited(rank0)
+                finally:
+                    os.kill(b.process.pid, signal.SIGCONT)
+        except trio.TooSlowError:
+            outcome["teardown_s"] = None
+            kept = Path(tempfile.mkdtemp(prefix="bench-sharding-stuck-"))
+            for node in cluster.nodes:
+                shutil.copytree(node.data_dir / "logs", kept / node.name, dirs_exist_ok=True)
+            print(f"not torn down within {TEARDOWN_TIMEOUT_S:g} s; node logs in {kept}")
     if how != "SIGKILL of rank 1's runner":
         await cluster.stop(b)
         await cluster.start(b)
@@ -173,7 +183,7 @@ async def teardown_trial(
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.data_dir) as tmp:
         async with open_cluster(Path(tmp)) as cluster, httpx.AsyncClient(timeout=30) as http:
             nodes = await cluster.add_many(3, "--no-model", "-q")
             await cluster.wait_converged(expect_nodes=3, timeout=READY_TIMEOUT_S)
@@ -219,7 +229,8 @@ async def main_async(args: argparse.Namespace) -> None:
         }
     for how, outcomes in teardowns.items():
         results[how] = {
-            "teardown": summarize([o["teardown_s"] for o in outcomes]),
+            "teardown": summarize([o["teardown_s"] for o in outcomes if o["teardown_s"]]),
+            "not_torn_down": sum(o["teardown_s"] is None for o in outcomes),
             "streams_told": sum(o.get("error") is not None for o in outcomes),
             "trials": len(outcomes),
         }
@@ -245,6 +256,7 @@ def main() -> None:
     parser.add_argument("-k", "--trials", type=int, default=5)
     parser.add_argument("--streams", type=int, default=3, help="streams per layout per trial")
     parser.add_argument("--teardowns", type=int, default=5, help="trials of each failure")
+    parser.add_argument("--data-dir", help="where the nodes' data directories go (a temporary one)")
     trio.run(main_async, parser.parse_args())
 
 
