@@ -18,6 +18,7 @@ Run: `nox -s bench-sharding` (`-- -k 5` for trials).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -35,7 +36,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.stats import markdown_table, summarize, write_results
+from bench.stats import RESULTS_DIR, markdown_table, summarize, write_results
 from tests.e2e.cluster import Cluster, ClusterNode, open_cluster
 
 MODEL = "trexo-demo-small"
@@ -249,6 +250,48 @@ async def main_async(args: argparse.Namespace) -> None:
             f"first token x{r['ttft_ratio']:.2f} of one node"
         )
     print(f"written to {path}")
+    plot(results, RESULTS_DIR / "sharding.png")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Time per token and to first token per layout; teardown after each failure."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install -e '.[bench]')")
+        return
+    fig, (speed, teardown) = plt.subplots(1, 2, figsize=(11, 4.2))
+    labels = [name for name in LAYOUTS if name in results]
+    for k, (measure, title) in enumerate((("per_token", "per token"), ("ttft", "first token"))):
+        xs = [i + k * 0.4 for i in range(len(labels))]
+        speed.bar(xs, [results[n][measure]["median_ms"] for n in labels], 0.4, label=title)
+        p90s = [results[n][measure]["p90_ms"] for n in labels]
+        speed.scatter(xs, p90s, marker="_", color="black", s=120, zorder=3)
+    speed.set_yscale("log")
+    speed.set_ylabel("ms (median; dash = p90; log scale)")
+    speed.set_xticks([i + 0.2 for i in range(len(labels))], labels, fontsize=8)
+    speed.set_title(f"{MODEL} through the API")
+    speed.legend(fontsize=8)
+    failures = [how for how in results if "teardown" in results[how]]
+    medians = [results[how]["teardown"]["median_ms"] for how in failures]
+    teardown.bar(range(len(failures)), medians, 0.5)
+    teardown.scatter(
+        range(len(failures)),
+        [results[how]["teardown"]["p90_ms"] for how in failures],
+        marker="_",
+        color="black",
+        s=120,
+        zorder=3,
+    )
+    teardown.set_xticks(range(len(failures)), failures, fontsize=8)
+    teardown.set_ylabel("ms until the instance's runners exited")
+    teardown.set_title("teardown of a 2-node pipeline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot written to {path}")
 
 
 def main() -> None:
@@ -257,7 +300,13 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=3, help="streams per layout per trial")
     parser.add_argument("--teardowns", type=int, default=5, help="trials of each failure")
     parser.add_argument("--data-dir", help="where the nodes' data directories go (a temporary one)")
-    trio.run(main_async, parser.parse_args())
+    parser.add_argument("--plot-only", action="store_true", help="plot the last results again")
+    args = parser.parse_args()
+    if args.plot_only:
+        saved = json.loads((RESULTS_DIR / "sharding.json").read_text())
+        plot(saved["results"], RESULTS_DIR / "sharding.png")
+        return
+    trio.run(main_async, args)
 
 
 if __name__ == "__main__":

@@ -132,6 +132,8 @@ class RunnerConfig:
     group_init_timeout: float = GROUP_INIT_TIMEOUT_S
     group_stall_timeout: float = GROUP_STALL_TIMEOUT_S
     group_idle_tick: float = GROUP_IDLE_TICK_S
+    group_formation_timeout: float = GROUP_FORMATION_TIMEOUT_S
+    group_rank_stagger: float = GROUP_RANK_STAGGER_S
 
     @property
     def stop_bound(self) -> float:

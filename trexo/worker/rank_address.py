@@ -22,8 +22,10 @@ def group_peers(instance: Instance, me: NodeId) -> list[NodeId]:
 
 
 def advertised_host(router: Router, instance: Instance) -> str | None:
-    """This node's IP as another rank's node reaches it; None while linked to none of them."""
-    for peer in group_peers(instance, router.node_id):
+    """This node's IP as another rank's node reaches it; else as any peer does (a link to
+    the other ranks may still be forming); None while linked to no one."""
+    others = sorted(router.peers)
+    for peer in [*group_peers(instance, router.node_id), *others]:
         host = router.local_host(peer)
         if host is not None:
             return host

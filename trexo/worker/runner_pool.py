@@ -25,8 +25,6 @@ import trio
 from trexo import catalog
 from trexo.config import (
     FINISHED_TASKS_REMEMBERED,
-    GROUP_FORMATION_TIMEOUT_S,
-    GROUP_RANK_STAGGER_S,
     RUNNER_RESTART_POLICY,
     STREAM_SEND_TIMEOUT_S,
     RestartPolicy,
@@ -129,8 +127,6 @@ class RunnerPool:
         runner_env: dict[str, str] | None = None,
         restart_policy: RestartPolicy = RUNNER_RESTART_POLICY,
         finished_remembered: int = FINISHED_TASKS_REMEMBERED,
-        group_formation_timeout: float = GROUP_FORMATION_TIMEOUT_S,
-        group_rank_stagger: float = GROUP_RANK_STAGGER_S,
     ) -> None:
         self._router = router
         self._models_dir = models_dir
@@ -139,8 +135,6 @@ class RunnerPool:
         self._runner_env = runner_env or {}
         self._restart_policy = restart_policy
         self._finished_remembered = finished_remembered
-        self._group_formation_timeout = group_formation_timeout
-        self._group_rank_stagger = group_rank_stagger
         self._runners: dict[RunnerId, PoolRunner] = {}
         self._failures: dict[InstanceId, RestartIntensity] = {}
         """Recent runner deaths per instance: they set the next restart's backoff."""
@@ -329,19 +323,19 @@ class RunnerPool:
                 epoch,
                 address,
             )
-        with trio.move_on_after(self._group_formation_timeout):
+        with trio.move_on_after(self._runner_config.group_formation_timeout):
             formed = await entry.wait_group(lambda g: g.epoch != epoch or g.group is not None)
             if formed.group is None or formed.epoch != epoch:
                 raise _EpochMoved
             # Rank 0 connects first: a ring whose rank 0 comes late costs a second or more.
-            await trio.sleep(self._group_rank_stagger * entry.assignment.shard.rank)
+            await trio.sleep(self._runner_config.group_rank_stagger * entry.assignment.shard.rank)
             return formed.group
         latest = entry.group or group
         missing = [r for r, a in enumerate(latest.addresses) if a is None]
         raise RunnerUnavailable(
             f"the group of instance {entry.instance.instance_id} did not form within "
-            f"{self._group_formation_timeout:g} s (epoch {epoch}; no address from ranks "
-            f"{', '.join(map(str, missing))})"
+            f"{self._runner_config.group_formation_timeout:g} s (epoch {epoch}; "
+            f"no address from ranks {', '.join(map(str, missing))})"
         )
 
     @staticmethod
