@@ -23,11 +23,14 @@ LLAMA_CONFIG = {
 @pytest.mark.parametrize("size", list(DEMO_MODEL_SPECS))
 def test_every_demo_model_has_its_specs_layout(size: str) -> None:
     spec = DEMO_MODEL_SPECS[size]
+    # The embedding (tied to the head) and the final norm, of every parameter.
+    edges = (spec.vocab_size + 1) * spec.hidden_size / spec.parameter_count
     assert demo_model_ref(size).layout == ModelLayout(
         spec.num_hidden_layers,
         spec.num_attention_heads,
         spec.num_key_value_heads,
         spec.intermediate_size,
+        pytest.approx(edges),  # type: ignore[arg-type]
     )
     assert all(model.layout is not None for model in builtin_models())
 
@@ -73,3 +76,16 @@ def test_an_unreadable_config_gives_no_layout(tmp_path: Path, text: str) -> None
     path = write_model(tmp_path / "odd", {})
     (path / "config.json").write_text(text)
     assert local_model_ref(path).layout is None
+
+
+def test_the_weights_outside_the_blocks_are_estimated_from_the_config() -> None:
+    # Llama 3 8B: 128256 x 4096 embedding and head (untied), 32 blocks of ~218 M.
+    config = {**LLAMA_CONFIG, "hidden_size": 4096, "vocab_size": 128256}
+    layout = layout_of(config)
+    assert layout is not None
+    blocks = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096)
+    edges = 2 * 128256 * 4096 + 4096
+    assert layout.edge_fraction == pytest.approx(edges / (edges + blocks))
+    assert 0.12 < layout.edge_fraction < 0.14  # ~1.05 G of ~8.0 G parameters
+    tied = layout_of({**config, "tie_word_embeddings": True})
+    assert tied is not None and tied.edge_fraction < layout.edge_fraction

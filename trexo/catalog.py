@@ -36,6 +36,15 @@ def demo_model_ref(size: str = DEFAULT_DEMO_SIZE) -> ModelRef:
             n_heads=spec.num_attention_heads,
             n_kv_heads=spec.num_key_value_heads,
             intermediate_size=spec.intermediate_size,
+            edge_fraction=edge_fraction(
+                spec.hidden_size,
+                spec.vocab_size,
+                spec.num_hidden_layers,
+                spec.num_attention_heads,
+                spec.num_key_value_heads,
+                spec.intermediate_size,
+                tied=True,
+            ),
         ),
     )
 
@@ -82,7 +91,34 @@ def layout_of(config: Mapping[str, Any]) -> ModelLayout | None:
     if len(counts) != len(fields):
         return None
     n_layers, n_heads, n_kv_heads, intermediate_size = counts
-    return ModelLayout(n_layers, n_heads, n_kv_heads, intermediate_size)
+    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
+    edges = 0.0
+    if _is_count(hidden) and _is_count(vocab):
+        tied = config.get("tie_word_embeddings", False) is True
+        edges = edge_fraction(
+            hidden, vocab, n_layers, n_heads, n_kv_heads, intermediate_size, tied=tied
+        )
+    return ModelLayout(n_layers, n_heads, n_kv_heads, intermediate_size, edges)
+
+
+def edge_fraction(
+    hidden: int,
+    vocab: int,
+    n_layers: int,
+    n_heads: int,
+    n_kv_heads: int,
+    intermediate_size: int,
+    *,
+    tied: bool,
+) -> float:
+    """The share of a llama-shaped decoder's parameters outside its blocks: the embedding,
+    the final norm and (unless tied to the embedding) the head. An estimate for other
+    shapes (mixtures of experts put more in the blocks)."""
+    head_dim = hidden // n_heads
+    attention = 2 * hidden * n_heads * head_dim + 2 * hidden * n_kv_heads * head_dim
+    block = attention + 3 * hidden * intermediate_size + 2 * hidden
+    edges = vocab * hidden * (1 if tied else 2) + hidden
+    return edges / (edges + n_layers * block)
 
 
 def _is_count(value: object) -> TypeGuard[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable
 
@@ -490,3 +491,14 @@ def test_auto_is_the_fewest_freest_nodes(available: dict[str, int], model: Model
     assert outcome == try_place(state, model, new_id=counter(), node_count=k)
     for fewer in range(1, k):
         assert isinstance(try_place(state, model, new_id=counter(), node_count=fewer), Infeasible)
+
+
+def test_every_pipeline_rank_also_pays_for_the_weights_outside_the_blocks() -> None:
+    edged = ModelRef("e", "demo:e", 80 * MiB, layout=attrs.evolve(LAYOUT, edge_fraction=0.25))
+    need = 96 * MiB
+    first, rest = ShardSpec(0, 2, 0, 2), ShardSpec(2, 8, 1, 2)
+    assert runner_requirement(edged, first) == math.ceil(need * (0.25 + 0.75 * 2 / 8))
+    assert runner_requirement(edged, rest) == math.ceil(need * (0.25 + 0.75 * 6 / 8))
+    # Together more than the whole model: both ranks hold the embedding and the head.
+    assert runner_requirement(edged, first) + runner_requirement(edged, rest) > need
+    assert runner_requirement(edged, ShardSpec(0, 8, 1, 2, "tensor")) == need // 2

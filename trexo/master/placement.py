@@ -78,17 +78,20 @@ def runner_requirement(
 ) -> int:
     """Memory one runner holding `shard` of `model` needs.
 
-    The whole requirement for a whole shard, 1/world_size of it for a tensor shard, and the
-    fraction of the layers for a pipeline shard (an equal share if the layer count is unknown).
+    The whole requirement for a whole shard, 1/world_size of it for a tensor shard, and for a
+    pipeline shard its fraction of the blocks plus the weights outside them, which every
+    rank holds (an equal share if the layer count is unknown).
     """
     need = required_bytes(model, overhead)
     if shard.is_whole:
         return need
     layers = shard.layer_count
-    total = model.layout.n_layers if model.layout is not None else 0
-    if shard.sharding == "tensor" or layers is None or total <= 0:
+    layout = model.layout
+    if shard.sharding == "tensor" or layers is None or layout is None or layout.n_layers <= 0:
         return _ceil_div(need, max(1, shard.world_size))
-    return _ceil_div(need * layers, total)
+    # Every rank holds the weights outside the blocks too (embedding, norm, head).
+    edges = min(max(layout.edge_fraction, 0.0), 1.0)
+    return math.ceil(need * (edges + (1 - edges) * layers / layout.n_layers))
 
 
 def reserved_bytes(

@@ -16,6 +16,9 @@ class ModelLayout:
     n_heads: int
     n_kv_heads: int
     intermediate_size: int
+    edge_fraction: float = 0.0
+    """Share of the weights outside the blocks (embedding, final norm, head), which every
+    rank of a pipeline holds besides its layers (0.0: not known)."""
 
 
 @attrs.frozen
