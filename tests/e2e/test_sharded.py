@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import openai
 import psutil
 import trio
@@ -131,15 +132,33 @@ async def test_split_instances_answer_token_for_token_like_the_whole_model(
             await delete_all(cluster, nodes[0])
 
 
+@attrs.frozen
+class TwoNodePipeline:
+    a: ClusterNode
+    b: ClusterNode
+    whole: tuple[str, int]
+    """What the whole model answers (and so the split one must)."""
+    rank0: list[int]
+    rank1: list[int]
+    """Runner pids on A (rank 0) and on B (rank 1)."""
+
+
+async def serving_two_node_pipeline(cluster: Cluster) -> TwoNodePipeline:
+    """Nodes A and B, the model split over them (A is rank 0), answering as the whole does."""
+    a, b = await cluster.add_many(2, "--no-model", "-q")
+    await cluster.wait_converged(expect_nodes=2)
+    whole = await reference(cluster, a)
+    await place(cluster, a, {"sharding": "pipeline", "node_ids": [a.node_id, b.node_id]})
+    assert await wait_serving(a) == whole
+    assert a.process is not None and b.process is not None
+    return TwoNodePipeline(a, b, whole, a.process.runner_pids(), b.process.runner_pids())
+
+
 async def test_a_killed_rank_tears_the_instance_down_and_it_is_rebuilt(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
-        a, b = await cluster.add_many(2, "--no-model", "-q")
-        await cluster.wait_converged(expect_nodes=2)
-        whole = await reference(cluster, a)
-        await place(cluster, a, {"sharding": "pipeline", "node_ids": [a.node_id, b.node_id]})
-        assert await wait_serving(a) == whole
-        assert a.process is not None and b.process is not None
-        rank0, rank1 = a.process.runner_pids(), b.process.runner_pids()
+        split = await serving_two_node_pipeline(cluster)
+        a, whole, rank0, rank1 = split.a, split.whole, split.rank0, split.rank1
+        assert a.process is not None
         epoch = next(iter((await state(cluster, a))["groups"].values()))["epoch"]
 
         failure: list[BaseException] = []
@@ -165,13 +184,9 @@ async def test_a_killed_rank_tears_the_instance_down_and_it_is_rebuilt(tmp_path:
 
 async def test_a_frozen_rank_node_is_dropped_and_the_model_served_again(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
-        a, b = await cluster.add_many(2, "--no-model", "-q")
-        await cluster.wait_converged(expect_nodes=2)
-        whole = await reference(cluster, a)
-        await place(cluster, a, {"sharding": "pipeline", "node_ids": [a.node_id, b.node_id]})
-        assert await wait_serving(a) == whole
-        assert a.process is not None and b.process is not None
-        rank0, rank1 = a.process.runner_pids(), b.process.runner_pids()
+        split = await serving_two_node_pipeline(cluster)
+        a, b, whole, rank0, rank1 = split.a, split.b, split.whole, split.rank0, split.rank1
+        assert b.process is not None
         os.kill(b.process.pid, signal.SIGSTOP)
         try:
             # B's node is gone from the cluster: its rank's instance is torn down on every
@@ -185,16 +200,11 @@ async def test_a_frozen_rank_node_is_dropped_and_the_model_served_again(tmp_path
 
 async def test_a_killed_rank_node_is_dropped_and_the_model_served_again(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
-        a, b = await cluster.add_many(2, "--no-model", "-q")
-        await cluster.wait_converged(expect_nodes=2)
-        whole = await reference(cluster, a)
-        await place(cluster, a, {"sharding": "pipeline", "node_ids": [a.node_id, b.node_id]})
-        assert await wait_serving(a) == whole
-        assert a.process is not None and b.process is not None
-        rank0, rank1 = a.process.runner_pids(), b.process.runner_pids()
-        os.kill(b.process.pid, signal.SIGKILL)
-        await wait_exited(rank0 + rank1)
-        assert await wait_serving(a) == whole
+        split = await serving_two_node_pipeline(cluster)
+        assert split.b.process is not None
+        os.kill(split.b.process.pid, signal.SIGKILL)
+        await wait_exited(split.rank0 + split.rank1)
+        assert await wait_serving(split.a) == split.whole
 
 
 async def test_a_master_failover_keeps_a_split_instance_serving(tmp_path: Path) -> None:

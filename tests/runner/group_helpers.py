@@ -140,20 +140,3 @@ async def running_group(
 
 def tokens_of(chunks: Sequence[Chunk]) -> list[int]:
     return [token for chunk in chunks for token in chunk.token_ids]
-
-
-def in_process_greedy_tokens(model_dir: Path, text: str, max_tokens: int) -> list[int]:
-    """The unsharded model's greedy tokens, straight from mlx-lm."""
-    import mlx_lm
-    from mlx_lm.sample_utils import make_sampler
-
-    model, tokenizer = mlx_lm.load(str(model_dir))
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    return [
-        response.token
-        for response in mlx_lm.stream_generate(
-            model, tokenizer, prompt, max_tokens=max_tokens, sampler=make_sampler(temp=0.0)
-        )
-    ]

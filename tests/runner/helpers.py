@@ -53,3 +53,20 @@ async def running_supervisor(
 async def collect(supervisor: RunnerSupervisor, request: GenerationRequest) -> list[Chunk]:
     async with supervisor.open_generation(request) as stream:
         return [chunk async for chunk in stream]
+
+
+def in_process_greedy_tokens(model_dir: Path, text: str, max_tokens: int) -> list[int]:
+    """The unsharded model's greedy tokens, straight from mlx-lm."""
+    import mlx_lm
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer = mlx_lm.load(str(model_dir))
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
+    return [
+        response.token
+        for response in mlx_lm.stream_generate(
+            model, tokenizer, prompt, max_tokens=max_tokens, sampler=make_sampler(temp=0.0)
+        )
+    ]

@@ -25,7 +25,6 @@ from .group_helpers import (
     EXIT_BOUND_S,
     GROUP_CONFIG,
     group_supervisors,
-    in_process_greedy_tokens,
     layer_count,
     load_in_rank_order,
     loopback_group,
@@ -33,7 +32,7 @@ from .group_helpers import (
     running_group,
     tokens_of,
 )
-from .helpers import TEST_TIMEOUT_S, chat_request, collect
+from .helpers import TEST_TIMEOUT_S, chat_request, collect, in_process_greedy_tokens
 
 TEXT = "What does the yield statement do?"
 MAX_TOKENS = 32

@@ -15,23 +15,13 @@ from trexo.errors import LoadFailed, RunnerDied, RunnerError
 from trexo.runner.hooks import HOOKS_ENV
 from trexo.types.runner_status import RunnerFailed, RunnerReady, RunnerStopped
 
-from .helpers import FAST_STOP, chat_request, collect, running_supervisor
-
-
-def in_process_greedy_tokens(model_dir: Path, text: str, max_tokens: int) -> list[int]:
-    import mlx_lm
-    from mlx_lm.sample_utils import make_sampler
-
-    model, tokenizer = mlx_lm.load(str(model_dir))
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    return [
-        response.token
-        for response in mlx_lm.stream_generate(
-            model, tokenizer, prompt, max_tokens=max_tokens, sampler=make_sampler(temp=0.0)
-        )
-    ]
+from .helpers import (
+    FAST_STOP,
+    chat_request,
+    collect,
+    in_process_greedy_tokens,
+    running_supervisor,
+)
 
 
 async def test_runner_streams_the_same_greedy_tokens_as_mlx_lm(
