@@ -43,3 +43,40 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from trexo.engine.demo_model import ensure_demo_model
 
     return ensure_demo_model(tmp_path_factory.mktemp("models"), "tiny")
+
+
+@pytest.fixture(scope="session")
+def varied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny demo model with strong blocks: its greedy output does not repeat itself."""
+    from trexo.engine.demo_model import VARIED_DEMO_SIZE, ensure_demo_model
+
+    return ensure_demo_model(tmp_path_factory.mktemp("models"), VARIED_DEMO_SIZE)
+
+
+UNTIED_HEAD_SEED = 7
+
+
+@pytest.fixture(scope="session")
+def untied_model(varied_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The varied model with a head of its own (`lm_head`), not tied to the embedding."""
+    import json
+    import shutil
+
+    import mlx.core as mx
+
+    path = tmp_path_factory.mktemp("models") / "trexo-test-untied"
+    shutil.copytree(varied_model, path)
+    config = json.loads((path / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (path / "config.json").write_text(json.dumps(config))
+    weights = mx.load(str(path / "model.safetensors"))
+    assert isinstance(weights, dict)
+    embedding = weights["model.embed_tokens.weight"]
+    noise = mx.random.normal(embedding.shape, key=mx.random.key(UNTIED_HEAD_SEED))
+    weights["lm_head.weight"] = noise * embedding.std()
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    index_path = path / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"]["lm_head.weight"] = "model.safetensors"
+    index_path.write_text(json.dumps(index))
+    return path

@@ -23,14 +23,17 @@ LLAMA_CONFIG = {
 @pytest.mark.parametrize("size", list(DEMO_MODEL_SPECS))
 def test_every_demo_model_has_its_specs_layout(size: str) -> None:
     spec = DEMO_MODEL_SPECS[size]
-    # The embedding (tied to the head) and the final norm, of every parameter.
-    edges = (spec.vocab_size + 1) * spec.hidden_size / spec.parameter_count
+    # The embedding is tied to the head: the last rank holds it again, with the final norm.
+    embedding = spec.vocab_size * spec.hidden_size / spec.parameter_count
+    head = (spec.vocab_size + 1) * spec.hidden_size / spec.parameter_count
     assert demo_model_ref(size).layout == ModelLayout(
         spec.num_hidden_layers,
         spec.num_attention_heads,
         spec.num_key_value_heads,
         spec.intermediate_size,
-        pytest.approx(edges),  # type: ignore[arg-type]
+        pytest.approx(embedding),  # type: ignore[arg-type]
+        pytest.approx(head),  # type: ignore[arg-type]
+        pytest.approx(1 - head),  # type: ignore[arg-type]
     )
     assert all(model.layout is not None for model in builtin_models())
 
@@ -84,8 +87,16 @@ def test_the_weights_outside_the_blocks_are_estimated_from_the_config() -> None:
     layout = layout_of(config)
     assert layout is not None
     blocks = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096)
-    edges = 2 * 128256 * 4096 + 4096
-    assert layout.edge_fraction == pytest.approx(edges / (edges + blocks))
-    assert 0.12 < layout.edge_fraction < 0.14  # ~1.05 G of ~8.0 G parameters
+    embedding = 128256 * 4096
+    total = 2 * embedding + 4096 + blocks  # ~8.0 G parameters
+    assert layout.embedding_fraction == pytest.approx(embedding / total)
+    assert layout.head_fraction == pytest.approx((embedding + 4096) / total)
+    assert layout.blocks_fraction == pytest.approx(blocks / total)
+    assert 0.06 < layout.embedding_fraction < 0.07  # ~0.53 G of ~8.0 G
+    # Untied: each weight is counted once.
+    parts = layout.embedding_fraction + layout.head_fraction + layout.blocks_fraction
+    assert parts == pytest.approx(1.0)
+    # Tied: the head is the embedding, which the last rank holds again.
     tied = layout_of({**config, "tie_word_embeddings": True})
-    assert tied is not None and tied.edge_fraction < layout.edge_fraction
+    assert tied is not None and tied.embedding_fraction > layout.embedding_fraction
+    assert tied.blocks_fraction + tied.head_fraction == pytest.approx(1.0)

@@ -36,7 +36,7 @@ def demo_model_ref(size: str = DEFAULT_DEMO_SIZE) -> ModelRef:
             n_heads=spec.num_attention_heads,
             n_kv_heads=spec.num_key_value_heads,
             intermediate_size=spec.intermediate_size,
-            edge_fraction=edge_fraction(
+            **weight_shares(
                 spec.hidden_size,
                 spec.vocab_size,
                 spec.num_hidden_layers,
@@ -92,16 +92,16 @@ def layout_of(config: Mapping[str, Any]) -> ModelLayout | None:
         return None
     n_layers, n_heads, n_kv_heads, intermediate_size = counts
     hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
-    edges = 0.0
+    shares: dict[str, float] = {}
     if _is_count(hidden) and _is_count(vocab):
         tied = config.get("tie_word_embeddings", False) is True
-        edges = edge_fraction(
+        shares = weight_shares(
             hidden, vocab, n_layers, n_heads, n_kv_heads, intermediate_size, tied=tied
         )
-    return ModelLayout(n_layers, n_heads, n_kv_heads, intermediate_size, edges)
+    return ModelLayout(n_layers, n_heads, n_kv_heads, intermediate_size, **shares)
 
 
-def edge_fraction(
+def weight_shares(
     hidden: int,
     vocab: int,
     n_layers: int,
@@ -110,15 +110,21 @@ def edge_fraction(
     intermediate_size: int,
     *,
     tied: bool,
-) -> float:
-    """The share of a llama-shaped decoder's parameters outside its blocks: the embedding,
-    the final norm and (unless tied to the embedding) the head. An estimate for other
-    shapes (mixtures of experts put more in the blocks)."""
+) -> dict[str, float]:
+    """`ModelLayout`'s shares of a llama-shaped decoder's parameters: the embedding (a
+    pipeline's rank 0), the final norm and head (its last rank; a tied head is the
+    embedding again), and the blocks. An estimate for other shapes (mixtures of experts put
+    more in the blocks)."""
     head_dim = hidden // n_heads
     attention = 2 * hidden * n_heads * head_dim + 2 * hidden * n_kv_heads * head_dim
-    block = attention + 3 * hidden * intermediate_size + 2 * hidden
-    edges = vocab * hidden * (1 if tied else 2) + hidden
-    return edges / (edges + n_layers * block)
+    blocks = n_layers * (attention + 3 * hidden * intermediate_size + 2 * hidden)
+    embedding, norm = vocab * hidden, hidden
+    total = embedding + norm + blocks + (0 if tied else embedding)
+    return {
+        "embedding_fraction": embedding / total,
+        "head_fraction": (norm + embedding) / total,
+        "blocks_fraction": blocks / total,
+    }
 
 
 def _is_count(value: object) -> TypeGuard[int]:

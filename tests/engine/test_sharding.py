@@ -9,6 +9,7 @@ import attrs
 import mlx.core as mx
 import pytest
 from mlx.nn.layers.base import Module
+from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
 from trexo.engine.engine import Engine
@@ -54,6 +55,58 @@ def test_the_hostfile_lists_one_address_per_rank() -> None:
     ]
 
 
+def parameter_names(model: Any) -> set[str]:
+    return {name for name, _ in tree_flatten(model.parameters())}
+
+
+def edge_names(model: Any) -> set[str]:
+    return {name for name in parameter_names(model) if ".layers." not in name}
+
+
+@pytest.mark.parametrize(
+    ("rank", "edges"),
+    [
+        (0, {"model.embed_tokens.embedding.weight"}),  # the embedding, but not as the head
+        (1, set()),
+        (2, {"model.embed_tokens.weight", "model.norm.weight"}),  # the tied head and the norm
+    ],
+)
+def test_a_pipeline_rank_holds_only_its_own_edges_when_tied(
+    varied_model: Path, rank: int, edges: set[str]
+) -> None:
+    model, config = lazy(varied_model)
+    shard_model(model, config, ShardSpec(rank, rank + 1, rank, 3), FakeWorld(rank, 3))
+    assert edge_names(model) == edges
+
+
+@pytest.mark.parametrize(
+    ("rank", "edges"),
+    [
+        (0, {"model.embed_tokens.weight"}),
+        (1, set()),
+        (2, {"model.norm.weight", "lm_head.weight"}),
+    ],
+)
+def test_a_pipeline_rank_holds_only_its_own_edges_when_untied(
+    untied_model: Path, rank: int, edges: set[str]
+) -> None:
+    model, config = lazy(untied_model)
+    shard_model(model, config, ShardSpec(rank, rank + 1, rank, 3), FakeWorld(rank, 3))
+    assert edge_names(model) == edges
+
+
+def test_stand_ins_give_what_the_model_code_expects_without_weights(varied_model: Path) -> None:
+    model, config = lazy(varied_model)
+    shard_model(model, config, ShardSpec(1, 2, 1, 3), FakeWorld(1, 3))
+    ids = mx.array([[5, 6, 7]])
+    hidden = model.model.embed_tokens(ids)
+    assert (hidden.shape, hidden.dtype) == ((1, 3, 128), mx.float32)
+    # Logits of the last position only, of the vocabulary's width, from the hidden state.
+    logits = model.model.embed_tokens.as_linear(hidden)
+    assert logits.shape == (1, 1, config["vocab_size"])
+    assert not mx.any(logits).item()
+
+
 def test_pipeline_keeps_only_its_layers_and_wraps_the_edges(varied_model: Path) -> None:
     model, config = lazy(varied_model)
     shard_model(model, config, ShardSpec(1, 3, 1, 3), FakeWorld(1, 3))
@@ -95,10 +148,14 @@ def test_models_without_the_needed_shape_are_refused_clearly() -> None:
         shard_model(Blockless(), {}, ShardSpec(0, 2, 0, 2, "tensor"), world)
 
 
-def test_a_pipeline_of_one_rank_generates_what_the_whole_model_does(varied_model: Path) -> None:
-    # A group of one: the edges' all_gather runs (and is the identity), nothing is sent.
-    whole = Engine.load(varied_model)
-    split = Engine.load(varied_model, ShardSpec(0, N_LAYERS, 0, 1), world=mx.distributed.init())
+@pytest.mark.parametrize("model_fixture", ["varied_model", "untied_model"])
+def test_a_pipeline_of_one_rank_generates_what_the_whole_model_does(
+    request: pytest.FixtureRequest, model_fixture: str
+) -> None:
+    # A group of one: the sampled token's all_sum runs (and is the identity), nothing is sent.
+    model_dir: Path = request.getfixturevalue(model_fixture)
+    whole = Engine.load(model_dir)
+    split = Engine.load(model_dir, ShardSpec(0, N_LAYERS, 0, 1), world=mx.distributed.init())
     assert isinstance(split.model.model.layers[-1], PipelineEdge)
     expected = tokens(whole)
     assert len(set(expected)) > len(expected) // 2

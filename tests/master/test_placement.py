@@ -493,12 +493,19 @@ def test_auto_is_the_fewest_freest_nodes(available: dict[str, int], model: Model
         assert isinstance(try_place(state, model, new_id=counter(), node_count=fewer), Infeasible)
 
 
-def test_every_pipeline_rank_also_pays_for_the_weights_outside_the_blocks() -> None:
-    edged = ModelRef("e", "demo:e", 80 * MiB, layout=attrs.evolve(LAYOUT, edge_fraction=0.25))
+def test_the_pipeline_ends_also_pay_for_the_embedding_and_the_head() -> None:
+    # Untied: embedding 10 %, norm and head 10 %, blocks 80 % of the weights.
+    layout = attrs.evolve(LAYOUT, embedding_fraction=0.1, head_fraction=0.1, blocks_fraction=0.8)
+    edged = ModelRef("e", "demo:e", 80 * MiB, layout=layout)
     need = 96 * MiB
-    first, rest = ShardSpec(0, 2, 0, 2), ShardSpec(2, 8, 1, 2)
-    assert runner_requirement(edged, first) == math.ceil(need * (0.25 + 0.75 * 2 / 8))
-    assert runner_requirement(edged, rest) == math.ceil(need * (0.25 + 0.75 * 6 / 8))
-    # Together more than the whole model: both ranks hold the embedding and the head.
-    assert runner_requirement(edged, first) + runner_requirement(edged, rest) > need
+    first, middle, last = ShardSpec(0, 2, 0, 3), ShardSpec(2, 4, 1, 3), ShardSpec(4, 8, 2, 3)
+    assert runner_requirement(edged, first) == math.ceil(need * (0.1 + 0.8 * 2 / 8))
+    assert runner_requirement(edged, middle) == math.ceil(need * (0.8 * 2 / 8))
+    assert runner_requirement(edged, last) == math.ceil(need * (0.1 + 0.8 * 4 / 8))
+    together = sum(runner_requirement(edged, shard) for shard in (first, middle, last))
+    assert need <= together <= need + 3  # each weight once (and rounding)
+    # A tied head is the embedding again: the last rank holds it too.
+    tied = ModelRef("t", "demo:t", 80 * MiB, layout=attrs.evolve(layout, head_fraction=0.2))
+    two = ShardSpec(0, 4, 0, 2), ShardSpec(4, 8, 1, 2)
+    assert sum(runner_requirement(tied, shard) for shard in two) > need
     assert runner_requirement(edged, ShardSpec(0, 8, 1, 2, "tensor")) == need // 2

@@ -50,11 +50,22 @@ STALLED = "exit code 6 (group stalled: a peer rank stopped responding)"
 
 
 @pytest.mark.parametrize(
-    ("world_size", "sharding"), [(2, "pipeline"), (3, "pipeline"), (2, "tensor")]
+    ("world_size", "sharding", "model_fixture"),
+    [
+        (2, "pipeline", "varied_model"),
+        (3, "pipeline", "varied_model"),
+        (3, "pipeline", "untied_model"),
+        (2, "tensor", "varied_model"),
+    ],
 )
 async def test_split_model_streams_the_unsharded_greedy_tokens(
-    tmp_path: Path, varied_model: Path, world_size: int, sharding: Sharding
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    world_size: int,
+    sharding: Sharding,
+    model_fixture: str,
 ) -> None:
+    varied_model: Path = request.getfixturevalue(model_fixture)
     expected = in_process_greedy_tokens(varied_model, TEXT, MAX_TOKENS)
     assert len(set(expected)) >= MIN_DISTINCT
     async with running_group(tmp_path, varied_model, world_size, sharding) as ranks:

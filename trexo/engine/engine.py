@@ -19,6 +19,7 @@ from mlx_lm.utils import load_model, load_tokenizer
 
 from trexo.config import DEFAULT_PREFILL_STEP_TOKENS
 from trexo.engine.prompt import encode_prompt, read_context_length
+from trexo.engine.sharding import Sampler, SamplerWrap, shard_model
 from trexo.engine.stops import StopMatcher
 from trexo.types.chunks import Chunk, FinishReason, Usage
 from trexo.types.generation import GenerationRequest, SamplingParams
@@ -60,8 +61,10 @@ class Engine:
         model_dir: Path,
         *,
         prefill_step: int = DEFAULT_PREFILL_STEP_TOKENS,
+        share_tokens: SamplerWrap | None = None,
     ) -> None:
         self._model = model
+        self._share_tokens = share_tokens
         self._tokenizer = tokenizer
         self._model_dir = model_dir
         self._prefill_step = prefill_step
@@ -92,21 +95,22 @@ class Engine:
             raise FileNotFoundError(f"no model (config.json) in {model_dir}")
         progress = on_progress or _no_progress
         progress(0.0)
+        share_tokens = None
         if world is None:
             model, config = load_model(model_dir)
         else:
-            from trexo.engine.sharding import shard_model
-
             # Lazily, so that the weights of the layers this rank drops are never read.
             model, config = load_model(model_dir, lazy=True)
-            shard_model(model, config, shard, world)
+            share_tokens = shard_model(model, config, shard, world)
             mx.eval(model.parameters())
         progress(WEIGHTS_LOADED_PROGRESS)
         tokenizer = load_tokenizer(  # type: ignore[no-untyped-call]
             model_dir, eos_token_ids=config.get("eos_token_id")
         )
         progress(1.0)
-        return cls(model, tokenizer, model_dir, prefill_step=prefill_step)
+        return cls(
+            model, tokenizer, model_dir, prefill_step=prefill_step, share_tokens=share_tokens
+        )
 
     @property
     def model(self) -> Any:
@@ -124,9 +128,23 @@ class Engine:
         """Generate a few tokens, so that the first real request does not pay for first use."""
         prompt = self._tokenizer.encode(WARMUP_PROMPT, add_special_tokens=False) or [0]
         for _ in stream_generate(
-            self._model, self._tokenizer, mx.array(prompt), max_tokens=WARMUP_TOKENS
+            self._model,
+            self._tokenizer,
+            mx.array(prompt),
+            max_tokens=WARMUP_TOKENS,
+            sampler=self._sampler(SamplingParams()),
         ):
             pass
+
+    def _sampler(self, params: SamplingParams) -> Sampler:
+        """`params`' sampler; on a rank of a split model, one that agrees with every rank."""
+        sampler: Sampler = make_sampler(
+            temp=params.temperature,
+            top_p=params.top_p,
+            min_p=params.min_p,
+            top_k=params.top_k,
+        )
+        return sampler if self._share_tokens is None else self._share_tokens(sampler)
 
     def encode_prompt(self, request: GenerationRequest) -> list[int]:
         """The prompt's token ids (`trexo.engine.prompt.encode_prompt`)."""
@@ -197,12 +215,7 @@ class Engine:
             self._tokenizer,
             mx.array(list(prompt)),
             max_tokens=params.max_tokens,
-            sampler=make_sampler(
-                temp=params.temperature,
-                top_p=params.top_p,
-                min_p=params.min_p,
-                top_k=params.top_k,
-            ),
+            sampler=self._sampler(params),
             logits_processors=make_logits_processors(repetition_penalty=params.repetition_penalty),
             prefill_step_size=self._prefill_step,
             prompt_progress_callback=between_prefill_chunks,

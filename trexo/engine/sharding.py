@@ -2,9 +2,12 @@
 
 Pipeline parallel (any mlx-lm decoder that keeps its blocks in `model.layers` or
 `model.model.layers`): rank r keeps the blocks `[start_layer, end_layer)`, receives the hidden
-state from rank r-1 before its first block, sends it to rank r+1 after its last, and every
-rank `all_gather`s the last rank's output, so all ranks compute the same logits and sample the
-same token. Every rank therefore also holds the embedding, the final norm and the head.
+state from rank r-1 before its first block and sends it to rank r+1 after its last. Where the
+model's edges are where mlx-lm's llama-style decoders keep them (`embed_tokens`, `norm`,
+`lm_head` or a head tied to the embedding), only rank 0 holds the embedding and only the last
+rank the final norm and head: the last rank samples each token and one scalar `all_sum` gives
+it to every rank (`sampled_on_last_rank`), so every rank steps with the same token. Other
+decoders keep every edge on every rank and `all_gather` the last rank's hidden state.
 Tensor parallel: the model's own `shard(group)`.
 
 Everything here runs on the runner's compute thread (MLX streams are per thread).
@@ -83,8 +86,9 @@ def join_group(group: RankGroup, rank: int, give_up_after: float) -> Any:
 # --- one rank's part of a model ------------------------------------------------------------
 
 
-def shard_model(model: Any, config: dict[str, Any], shard: ShardSpec, world: Any) -> None:
-    """Cut the lazily loaded `model` down to this rank's part, in place, before evaluation.
+def shard_model(model: Any, config: dict[str, Any], shard: ShardSpec, world: Any) -> SamplerWrap:
+    """Cut the lazily loaded `model` down to this rank's part, in place, before evaluation;
+    how this rank's samplers must be wrapped (every sampler of a generation, warm-up too).
 
     Weights that are dropped here are never read from disk.
     """
@@ -95,8 +99,8 @@ def shard_model(model: Any, config: dict[str, Any], shard: ShardSpec, world: Any
         )
     if shard.sharding == "tensor":
         _tensor_shard(model, config, shard, world)
-    else:
-        _pipeline_shard(model, shard, world)
+        return _as_is  # every rank computes the whole logits and samples with the same seed
+    return _pipeline_shard(model, shard, world)
 
 
 def _tensor_shard(model: Any, config: dict[str, Any], shard: ShardSpec, world: Any) -> None:
@@ -129,7 +133,16 @@ def _block_holder(model: Any) -> Any:
     )
 
 
-def _pipeline_shard(model: Any, shard: ShardSpec, world: Any) -> None:
+Sampler = Callable[[mx.array], mx.array]
+SamplerWrap = Callable[[Sampler], Sampler]
+"""How a rank's sampler must be wrapped so that every rank of its group gets the same token."""
+
+
+def _as_is(sampler: Sampler) -> Sampler:
+    return sampler
+
+
+def _pipeline_shard(model: Any, shard: ShardSpec, world: Any) -> SamplerWrap:
     holder = _block_holder(model)
     blocks: list[Any] = holder.layers
     start, end = shard.start_layer, shard.end_layer
@@ -139,18 +152,150 @@ def _pipeline_shard(model: Any, shard: ShardSpec, world: Any) -> None:
             f"not [{start}, {end})"
         )
     rank, size = world.rank(), world.size()
+    is_first, is_last = rank == 0, rank == size - 1
+    split_edges = _has_known_edges(model, holder)
+    gather = not split_edges  # then every rank computes the logits from the same hidden state
     local = blocks[start:end]
-    is_last = rank == size - 1
     if len(local) == 1:
-        local = [PipelineEdge(local[0], world, receive=rank > 0, send=not is_last, gather=True)]
+        only = PipelineEdge(local[0], world, receive=not is_first, send=not is_last, gather=gather)
+        local = [only]
     else:
-        first = PipelineEdge(local[0], world, receive=rank > 0, send=False, gather=False)
-        last = PipelineEdge(local[-1], world, receive=False, send=not is_last, gather=True)
+        first = PipelineEdge(local[0], world, receive=not is_first, send=False, gather=False)
+        last = PipelineEdge(local[-1], world, receive=False, send=not is_last, gather=gather)
         local = [first, *local[1:-1], last]
     # The KV cache (`make_cache`) and the forward pass follow this list: one entry per local
     # block. The other blocks' lazily loaded weights go with the old list.
     holder.layers = local
-    log.info("pipeline rank %d of %d: layers [%d, %d)", rank, size, start, end)
+    if split_edges:
+        _keep_own_edges(model, holder, is_first=is_first, is_last=is_last)
+    log.info(
+        "pipeline rank %d of %d: layers [%d, %d)%s",
+        rank,
+        size,
+        start,
+        end,
+        _edges_held(is_first, is_last) if split_edges else ", every edge (all_gather)",
+    )
+    return (lambda sampler: sampled_on_last_rank(sampler, world)) if split_edges else _as_is
+
+
+def _edges_held(is_first: bool, is_last: bool) -> str:
+    held = [name for name, kept in (("embedding", is_first), ("norm and head", is_last)) if kept]
+    return ", " + " and ".join(held) if held else ", no embedding, norm or head"
+
+
+def _has_known_edges(model: Any, holder: Any) -> bool:
+    """The embedding is `embed_tokens` beside the blocks, and the head `lm_head` or tied to it
+    (`embed_tokens.as_linear`): the shape of mlx-lm's llama-style decoders."""
+    embedding = holder.get("embed_tokens")
+    return isinstance(embedding, Module) and callable(getattr(embedding, "as_linear", None))
+
+
+def _keep_own_edges(model: Any, holder: Any, *, is_first: bool, is_last: bool) -> None:
+    """Replace the edges this rank does not compute by weightless stand-ins, in place.
+
+    A stand-in gives what the model's own code expects (an embedding of the right shape and
+    dtype, logits of the right width) without weights, and its logits depend on the hidden
+    state, so that evaluating a step still runs this rank's blocks and their send.
+    """
+    embedding: Module = holder["embed_tokens"]
+    # Lazily: the dtype and width of what the real modules would give, reading no weights.
+    hidden = embedding(mx.zeros((1, 1), mx.int32))
+    untied = isinstance(model.get("lm_head"), Module)
+    head_width = int((model["lm_head"] if untied else embedding).weight.shape[0])
+    if not is_last:
+        if isinstance(holder.get("norm"), Module):
+            holder.norm = PassThrough()
+        if untied:
+            model.lm_head = AbsentHead(head_width)
+    tied_head_needed = is_last and not untied
+    if is_first:
+        if not is_last and not untied:
+            holder.embed_tokens = HeadlessEmbedding(embedding, head_width)
+    elif not tied_head_needed:
+        # Its input comes from rank r-1; the real lookup's output would only be replaced.
+        holder.embed_tokens = AbsentEmbedding(hidden.shape[-1], hidden.dtype, head_width)
+
+
+def placeholder_logits(hidden: mx.array, width: int) -> mx.array:
+    """Zero logits for the last position only, depending on `hidden` (see `_keep_own_edges`).
+
+    mlx-lm reads only the last position's logits of a step; a prefill chunk's are never
+    evaluated. Broadcast zeros: no memory of the width's size until something reads them.
+    """
+    zeros = mx.broadcast_to(mx.array(0, hidden.dtype), (hidden.shape[0], 1, width))
+    return cast(mx.array, mx.depends(zeros, hidden))
+
+
+class PassThrough(Module):
+    """The final norm on a rank that does not compute the head."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x
+
+
+class AbsentHead(Module):
+    """An untied head on a rank that does not sample."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._width = width
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return placeholder_logits(x, self._width)
+
+
+class HeadlessEmbedding(Module):
+    """Rank 0's embedding when the head is tied to it and another rank computes the head."""
+
+    def __init__(self, embedding: Module, head_width: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.embedding = embedding
+        self._head_width = head_width
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return cast(mx.array, self.embedding(ids))
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return placeholder_logits(x, self._head_width)
+
+
+class AbsentEmbedding(Module):
+    """The embedding on a rank that receives its input from rank r-1: the shape and dtype of
+    the real output, never evaluated (the first block's receive replaces it)."""
+
+    def __init__(self, hidden_size: int, dtype: mx.Dtype, head_width: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._hidden_size = hidden_size
+        self._dtype = dtype
+        self._head_width = head_width
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return mx.zeros((*ids.shape, self._hidden_size), self._dtype)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return placeholder_logits(x, self._head_width)
+
+
+def sampled_on_last_rank(sampler: Sampler, world: Any) -> Sampler:
+    """`sampler` on the last rank, whose token every rank gets (one scalar `all_sum`).
+
+    The other ranks hold placeholder logits: they add 0, and their 0 depends on their
+    logits, so that the step's forward pass and its send run before the collective.
+    """
+    is_last = world.rank() == world.size() - 1
+
+    def sample(logprobs: mx.array) -> mx.array:
+        if is_last:
+            token = sampler(logprobs).astype(mx.int32)
+        else:
+            token = cast(mx.array, mx.depends(mx.zeros(logprobs.shape[:-1], mx.int32), logprobs))
+        return mx.distributed.all_sum(token, group=world)
+
+    return sample
 
 
 class PipelineEdge(Module):
@@ -159,7 +304,8 @@ class PipelineEdge(Module):
     `receive`: replace the block's input by the hidden state from rank r-1. `send`: send the
     output to rank r+1, tied into the block's KV cache with `mx.depends`, because a prefill
     step evaluates only the cache: without the tie the send never runs and rank r+1 waits
-    forever. `gather`: `all_gather` the outputs and keep the last rank's, the model's output.
+    forever. `gather`: `all_gather` the outputs and keep the last rank's, the model's output
+    (for decoders whose edges every rank holds).
     Other attributes (`use_sliding`, ...) are the block's.
     """
 

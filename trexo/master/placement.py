@@ -79,8 +79,8 @@ def runner_requirement(
     """Memory one runner holding `shard` of `model` needs.
 
     The whole requirement for a whole shard, 1/world_size of it for a tensor shard, and for a
-    pipeline shard its fraction of the blocks plus the weights outside them, which every
-    rank holds (an equal share if the layer count is unknown).
+    pipeline shard its layers' share of the blocks, plus the embedding on rank 0 and the
+    final norm and head on the last rank (an equal share if the layer count is unknown).
     """
     need = required_bytes(model, overhead)
     if shard.is_whole:
@@ -89,9 +89,16 @@ def runner_requirement(
     layout = model.layout
     if shard.sharding == "tensor" or layers is None or layout is None or layout.n_layers <= 0:
         return _ceil_div(need, max(1, shard.world_size))
-    # Every rank holds the weights outside the blocks too (embedding, norm, head).
-    edges = min(max(layout.edge_fraction, 0.0), 1.0)
-    return math.ceil(need * (edges + (1 - edges) * layers / layout.n_layers))
+    share = _fraction(layout.blocks_fraction) * layers / layout.n_layers
+    if shard.rank == 0:
+        share += _fraction(layout.embedding_fraction)
+    if shard.rank == shard.world_size - 1:
+        share += _fraction(layout.head_fraction)
+    return math.ceil(need * share)
+
+
+def _fraction(value: float) -> float:
+    return min(max(value, 0.0), 1.0)
 
 
 def reserved_bytes(

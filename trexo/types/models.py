@@ -16,9 +16,14 @@ class ModelLayout:
     n_heads: int
     n_kv_heads: int
     intermediate_size: int
-    edge_fraction: float = 0.0
-    """Share of the weights outside the blocks (embedding, final norm, head), which every
-    rank of a pipeline holds besides its layers (0.0: not known)."""
+    embedding_fraction: float = 0.0
+    """Share of the weights in the embedding, which a pipeline's rank 0 holds besides its
+    layers (0.0: not known)."""
+    head_fraction: float = 0.0
+    """Share of the weights in the final norm and the head, which a pipeline's last rank
+    holds besides its layers; a head tied to the embedding counts the embedding again."""
+    blocks_fraction: float = 1.0
+    """Share of the weights in the blocks, split among a pipeline's ranks by their layers."""
 
 
 @attrs.frozen
