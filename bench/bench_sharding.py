@@ -145,6 +145,14 @@ async def stream_in_background(node: ClusterNode, outcome: dict[str, Any]) -> No
         outcome["error"] = f"{type(exc).__name__}: {exc}"
 
 
+def keep_logs(cluster: Cluster, why: str) -> Path:
+    """Copy every node's logs out of the temporary data directory; where they went."""
+    kept = Path(tempfile.mkdtemp(prefix=f"bench-sharding-{why}-"))
+    for node in cluster.nodes:
+        shutil.copytree(node.data_dir / "logs", kept / node.name, dirs_exist_ok=True)
+    return kept
+
+
 async def teardown_trial(
     cluster: Cluster, http: httpx.AsyncClient, a: ClusterNode, b: ClusterNode, how: str
 ) -> dict[str, Any]:
@@ -168,9 +176,7 @@ async def teardown_trial(
                     os.kill(b.process.pid, signal.SIGCONT)
         except trio.TooSlowError:
             outcome["teardown_s"] = None
-            kept = Path(tempfile.mkdtemp(prefix="bench-sharding-stuck-"))
-            for node in cluster.nodes:
-                shutil.copytree(node.data_dir / "logs", kept / node.name, dirs_exist_ok=True)
+            kept = keep_logs(cluster, "stuck")
             print(f"not torn down within {TEARDOWN_TIMEOUT_S:g} s; node logs in {kept}")
     if how != "SIGKILL of rank 1's runner":
         await cluster.stop(b)
@@ -210,7 +216,11 @@ async def main_async(args: argparse.Namespace) -> None:
             teardowns: dict[str, list[dict[str, Any]]] = {}
             for how in ("SIGKILL of rank 1's runner", "SIGSTOP of rank 1's node"):
                 for k in range(args.teardowns):
-                    outcome = await teardown_trial(cluster, http, a, nodes[1], how)
+                    try:
+                        outcome = await teardown_trial(cluster, http, a, nodes[1], how)
+                    except Exception:
+                        print(f"{how} #{k + 1} failed; node logs in {keep_logs(cluster, 'failed')}")
+                        raise
                     teardowns.setdefault(how, []).append(outcome)
                     print(f"{how} #{k + 1}: {outcome}", flush=True)
     results: dict[str, Any] = {}
