@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trexo.cli import main, startup_warnings
-from trexo.config import TransportConfig
-from trexo.node import NodeConfig
+from trexo.config import NodeConfig, TransportConfig
 
 
 def exposure(config: NodeConfig) -> list[str]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import attrs
 
 from trexo.config import API_RETRY_AFTER_S
+from trexo.types.downloads import DownloadPhase, DownloadProgress
 from trexo.types.runner_status import (
+    RunnerDownloading,
     RunnerFailed,
     RunnerIdle,
     RunnerLoading,
@@ -18,6 +20,7 @@ from trexo.types.runner_status import (
     RunnerStopped,
 )
 from trexo.types.state import Instance, State
+from trexo.units import format_bytes
 
 
 @attrs.frozen
@@ -42,6 +45,9 @@ def instance_availability(state: State, instance: Instance) -> Availability:
                 continue
             case RunnerIdle():
                 return Availability(False, f"{runner} is starting")
+            case RunnerDownloading():
+                download = state.downloads.get(assignment.node_id, {}).get(instance.model.model_id)
+                return Availability(False, f"{runner} is {downloading(download)}")
             case RunnerLoading(progress=progress):
                 return Availability(False, f"{runner} is loading the model ({progress:.0%})")
             case RunnerFailed(cause=cause, restart_in=restart_in):
@@ -55,6 +61,27 @@ def instance_availability(state: State, instance: Instance) -> Availability:
             case RunnerStopped(cause=cause):
                 return Availability(False, f"{runner} was stopped ({cause})")
     return SERVING
+
+
+def downloading(download: DownloadProgress | None) -> str:
+    """What a runner waiting for its node's download of the model is waiting for."""
+    if download is None or download.total_bytes <= 0:
+        return "waiting for its node to download the model"
+    if download.phase is DownloadPhase.FAILED:
+        return f"waiting for a download that failed ({download.error})"
+    return f"downloading the model ({describe_download(download)})"
+
+
+def describe_download(progress: DownloadProgress) -> str:
+    """`45% of 80.0 MiB, 12.0 MiB/s, about 4 s left`, or why it is waiting."""
+    if progress.phase is DownloadPhase.RETRYING:
+        return f"retrying in {progress.retry_in or 0:.0f} s after: {progress.error}"
+    text = f"{progress.fraction:.0%} of {format_bytes(progress.total_bytes)}"
+    if progress.bytes_per_s > 0:
+        text += f", {format_bytes(int(progress.bytes_per_s))}/s"
+    if progress.eta_s is not None and progress.phase is DownloadPhase.DOWNLOADING:
+        text += f", about {progress.eta_s:.0f} s left"
+    return text
 
 
 def model_availability(state: State, model_id: str) -> Availability | None:

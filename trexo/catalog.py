@@ -136,6 +136,40 @@ def builtin_models() -> list[ModelRef]:
     return [demo_model_ref(size) for size in DEMO_MODEL_NAMES]
 
 
+def hub_models(cache_root: Path) -> list[ModelRef]:
+    """Hub models this node's Hugging Face cache holds (pinned to the commit its `main`
+    names, else its newest snapshot), then the curated ones it does not: by name, unresolved."""
+    from trexo.errors import HubError
+    from trexo.hub.cache import cached_repos
+    from trexo.hub.curated import curated_models
+    from trexo.hub.resolve import cached_model
+
+    found: dict[str, ModelRef] = {}
+    for cache in cached_repos(cache_root):
+        try:
+            found[cache.repo_id] = cached_model(cache)
+        except HubError:
+            continue  # not a model we can run, or nothing of it is there yet
+    for entry in curated_models():
+        found.setdefault(entry.model_id, entry.model_ref())
+    return list(found.values())
+
+
+def is_on_disk(model: ModelRef, models_dir: Path, cache_root: Path) -> bool:
+    """Whether this node has every file of `model` (a demo model once built)."""
+    from trexo.hub.cache import RepoCache
+    from trexo.hub.local import has_everything
+
+    if (size := model.demo_size) is not None:
+        return (models_dir / demo_model_name(size) / "config.json").is_file()
+    revision = model.hub_revision
+    if revision is None:
+        return (Path(model.source) / "config.json").is_file()
+    cache = RepoCache(cache_root, revision.repo_id)
+    commit = cache.commit_of(revision.commit)
+    return commit is not None and has_everything(cache, commit)
+
+
 def model_dir(model: ModelRef, models_dir: Path) -> Path:
     """The directory to load `model` from on this node; builds a demo model on first use."""
     if (size := model.demo_size) is not None:

@@ -24,7 +24,7 @@ from trexo.types.ids import InstanceId
 from trexo.types.models import ModelRef
 
 if TYPE_CHECKING:
-    from trexo.node import NodeConfig
+    from trexo.config import HubConfig, NodeConfig
 
 log = logging.getLogger("trexo")
 
@@ -34,6 +34,7 @@ EXIT_FORCED = 130
 DEMO_PROMPT = "Hello! What can you do?"
 DEMO_MAX_TOKENS = 64
 """The ready line's example stops here (absent, max_tokens is all the context leaves)."""
+QUIET_LOGGERS = ("httpx", "httpx2", "huggingface_hub")
 _stopped_cleanly = False
 """Set once the node has stopped in order (a late Ctrl-C after that changes nothing)."""
 
@@ -59,7 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model = run.add_mutually_exclusive_group()
     model.add_argument(
-        "--model", type=Path, metavar="PATH", help="a local mlx-lm model directory to place"
+        "--model",
+        metavar="PATH_OR_REPO",
+        help=(
+            "a local mlx-lm model directory, or a Hugging Face repo id "
+            "(mlx-community/Qwen3-0.6B-4bit) that each node downloads its part of"
+        ),
     )
     model.add_argument(
         "--demo-size",
@@ -97,8 +103,24 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeatable; default: no cross-origin access)",
     )
     _add_limit_options(run)
+    _add_hub_options(run)
     _add_cluster_options(run)
     _add_common(run)
+
+    download = commands.add_parser(
+        "download",
+        help="download a Hugging Face model (with a progress bar) and exit",
+        description=(
+            "Download every file of a Hugging Face model into the Hugging Face cache, where "
+            "trexo (and mlx-lm) find it. An interrupted download resumes where it stopped."
+        ),
+    )
+    download.add_argument("repo", help="the repo id, e.g. mlx-community/Qwen3-0.6B-4bit")
+    download.add_argument(
+        "--revision", default="main", help="branch, tag or commit (default: %(default)s)"
+    )
+    _add_hub_options(download)
+    _add_common(download)
 
     demo = commands.add_parser(
         "demo-model",
@@ -119,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(demo)
     return parser
+
+
+def _add_hub_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="use only models on disk, never the network (also: HF_HUB_OFFLINE=1)",
+    )
 
 
 def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
@@ -246,6 +276,8 @@ def setup_logging(args: argparse.Namespace, log_file: Path | None = None) -> Non
 
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+    for chatty in QUIET_LOGGERS:  # a line per HTTP request to the hub
+        logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
     if log_file is None:
         return
     try:
@@ -269,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args, _paths(args).node_log if args.command == "run" else None)
     if args.command == "demo-model":
         return demo_model_command(args)
+    if args.command == "download":
+        return download_command(args)
     return run_command(args)
 
 
@@ -285,20 +319,21 @@ def demo_model_command(args: argparse.Namespace) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     from trexo import catalog
-    from trexo.config import ApiConfig, DiscoveryConfig, RunnerConfig, TransportConfig
-    from trexo.errors import ModelNotFound
+    from trexo.config import ApiConfig, DiscoveryConfig, NodeConfig, RunnerConfig, TransportConfig
+    from trexo.errors import HubError, ModelNotFound
     from trexo.fd_limit import raise_fd_limit
-    from trexo.node import NodeConfig
 
+    hub = _hub_config(args)
     extra = []
     default = None
     try:
         if args.model is not None:
-            default = catalog.local_model_ref(args.model)
-            extra.append(default)
+            default = _named_model(args.model, hub)
+            if default.hub_revision is None:
+                extra.append(default)
         elif not args.no_model:
             default = catalog.demo_model_ref(args.demo_size)
-    except ModelNotFound as exc:
+    except (ModelNotFound, HubError) as exc:
         print(f"trexo: {exc}", file=sys.stderr)
         return 2
     config = NodeConfig(
@@ -326,6 +361,7 @@ def run_command(args: argparse.Namespace) -> int:
         force_master=args.force_master,
         default_model=default,
         extra_models=tuple(extra),
+        hub=hub,
     )
     for warning in startup_warnings(config):
         log.warning("%s", warning)
@@ -338,6 +374,71 @@ def run_command(args: argparse.Namespace) -> int:
         if _stopped_cleanly:
             return 0
         raise
+
+
+def _hub_config(args: argparse.Namespace) -> HubConfig:
+    from trexo.config import HubConfig
+
+    return HubConfig(offline=True) if args.offline else HubConfig()
+
+
+def _named_model(name: str, hub: HubConfig) -> ModelRef:
+    """`--model`: a local directory, else a Hugging Face repo id resolved now (pinned to its
+    commit; if the hub cannot be reached, by name: the node resolves it when it can)."""
+    from trexo import catalog
+    from trexo.errors import HubUnreachable, ModelNotFound
+    from trexo.hub.listing import is_repo_id
+    from trexo.hub.resolve import resolve_model
+    from trexo.types.models import DEFAULT_HUB_REVISION, HubRevision
+
+    path = Path(name).expanduser()
+    if path.is_dir() or not is_repo_id(name):
+        if not path.is_dir():
+            raise ModelNotFound(
+                f"--model {name}: neither a model directory nor a Hugging Face repo id (org/name)"
+            )
+        return catalog.local_model_ref(path)
+    try:
+        return resolve_model(name, hub)
+    except HubUnreachable as exc:
+        log.warning("%s; the node places %s once the hub answers", exc, name)
+        return ModelRef(name, HubRevision(name, DEFAULT_HUB_REVISION).source, 0)
+
+
+def download_command(args: argparse.Namespace) -> int:
+    from trexo.errors import HubError
+
+    try:
+        return trio.run(functools.partial(_download, args.repo, args.revision, args))
+    except HubError as exc:
+        print(f"trexo: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("trexo: interrupted; the next download resumes where this one stopped")
+        return EXIT_FORCED
+
+
+async def _download(repo_id: str, revision: str, args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from trexo.hub.downloads import Downloads
+    from trexo.hub.progress_view import show_download
+    from trexo.hub.resolve import resolve_model
+    from trexo.identity import load_or_create_node_id
+
+    hub = _hub_config(args)
+    paths = _paths(args)
+    model = await trio.to_thread.run_sync(
+        functools.partial(resolve_model, repo_id, hub, revision=revision)
+    )
+    downloads = Downloads(load_or_create_node_id(paths.data_dir), hub, log_dir=paths.logs_dir)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(downloads.run)
+        nursery.start_soon(show_download, downloads, model.model_id, Console(stderr=True))
+        snapshot = await downloads.fetch(model)
+        nursery.cancel_scope.cancel()
+    print(snapshot)
+    return 0
 
 
 def startup_warnings(config: NodeConfig) -> list[str]:
@@ -385,6 +486,14 @@ async def run_node_until_signalled(config: NodeConfig) -> int:
             nursery.start_soon(stop_on_signals)
             with node_scope:
                 started = await nursery.start(node.run)
+                default = config.default_model
+                if default is not None and default.hub_revision is not None:
+                    from rich.console import Console
+
+                    from trexo.hub.progress_view import show_download
+
+                    console = Console(stderr=True)
+                    nursery.start_soon(show_download, node.downloads, default.model_id, console)
                 if config.default_model is None:
                     await node.wait_joined()  # so that a placement right after it works
                     print(f"trexo is ready: API on {started.api_url} (no model placed)", flush=True)

@@ -39,6 +39,7 @@ from trexo.errors import (
     PlacementRefused,
     TaskNotFound,
 )
+from trexo.hub.listing import is_repo_id
 from trexo.net.router import PeerUnreachable, Router
 from trexo.net.stream_hub import StreamEvent, StreamHub
 from trexo.net.topics import Topic
@@ -173,6 +174,8 @@ class ClusterClient:
         command_wait: float = COMMAND_WAIT_S,
         idle_timeout: float = GENERATION_IDLE_TIMEOUT_S,
         prompt_counter: PromptCounter | None = None,
+        resolve_hub_model: Callable[[str], ModelRef] | None = None,
+        on_disk: Callable[[ModelRef], bool] = lambda _: False,
     ) -> None:
         self._prompt_counter = prompt_counter
         self._accepted_in: dict[RequestId, Session] = {}
@@ -181,6 +184,9 @@ class ClusterClient:
         self._hub = hub
         self._sessions = sessions
         self._catalog = catalog
+        self._resolve_hub_model = resolve_hub_model
+        """Blocking (the hub's API, in a worker thread): a repo id -> a pinned model."""
+        self._on_disk = on_disk
         self._command_wait = command_wait
         self._idle_timeout = idle_timeout
         self.node_id: NodeId = router.node_id
@@ -223,14 +229,41 @@ class ClusterClient:
         }
         known = {m.model_id: m for m in self._catalog()}
         for instance in state.instances.values():
-            known.setdefault(instance.model.model_id, instance.model)
-        return [ModelListing(m, m.model_id in placed, m.model_id in ready) for m in known.values()]
+            known[instance.model.model_id] = instance.model  # what the cluster runs
+        return [
+            ModelListing(m, m.model_id in placed, m.model_id in ready, self._on_disk(m))
+            for m in known.values()
+        ]
 
     def find_model(self, model_id: str) -> ModelRef:
         for listing in self.models():
             if listing.model.model_id == model_id:
                 return listing.model
         raise ModelNotFound(f"model {model_id!r} is not known to this cluster")
+
+    async def resolve_model(self, model_id: str) -> ModelRef:
+        try:
+            model = self.find_model(model_id)
+        except ModelNotFound:
+            if self._resolve_hub_model is None or not is_repo_id(model_id):
+                raise
+            return await self._resolve_on_hub(model_id)
+        return await self.pinned(model)
+
+    async def pinned(self, model: ModelRef) -> ModelRef:
+        """`model`, or, if it names a hub branch (`main`) rather than a commit, the model as
+        the hub has it now: every node must fetch the same files."""
+        revision = model.hub_revision
+        if revision is not None and not revision.is_pinned:
+            return await self._resolve_on_hub(model.model_id)
+        return model
+
+    async def _resolve_on_hub(self, repo_id: str) -> ModelRef:
+        assert self._resolve_hub_model is not None
+        # Bounded by the hub requests' own timeouts; never abandoned, so no thread outlives us.
+        model = await trio.to_thread.run_sync(self._resolve_hub_model, repo_id)
+        log.info("resolved %s to %s", repo_id, model.source)
+        return model
 
     # --- commands -------------------------------------------------------------------------
 
@@ -296,7 +329,24 @@ class ClusterClient:
         node_count: int | None = None,
         only_if_absent: bool = False,
     ) -> InstanceId:
-        model = self.find_model(model_id)
+        return await self.place_model(
+            await self.resolve_model(model_id),
+            node_ids,
+            sharding=sharding,
+            node_count=node_count,
+            only_if_absent=only_if_absent,
+        )
+
+    async def place_model(
+        self,
+        model: ModelRef,
+        node_ids: Sequence[NodeId] = (),
+        *,
+        sharding: PlacementSharding = "auto",
+        node_count: int | None = None,
+        only_if_absent: bool = False,
+    ) -> InstanceId:
+        """Place `model` as given (see `place_instance`)."""
         command = PlaceInstance(
             new_id(),
             model,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import attrs
 
+from trexo.types.models import ModelRef
+
 # --- paths -------------------------------------------------------------------------------
 
 TREXO_HOME_ENV = "TREXO_HOME"
@@ -449,3 +451,98 @@ class ElectionConfig:
     boot_grace: float = ELECTION_BOOT_GRACE_S
     campaign_window: float = ELECTION_CAMPAIGN_WINDOW_S
     force_master_seniority: int = FORCE_MASTER_SENIORITY
+
+
+# --- model downloads (Hugging Face) -----------------------------------------------------------
+
+HF_ENDPOINT_ENV = "HF_ENDPOINT"
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+HF_OFFLINE_ENV = "HF_HUB_OFFLINE"
+HUB_REQUEST_TIMEOUT_S = 10.0
+"""Bound on one metadata request to the hub (a repo's listing, its config.json)."""
+DOWNLOAD_REPORT_INTERVAL_S = 1.0
+"""A download's progress is reported (a fact in the cluster state) at most this often."""
+DOWNLOAD_PROGRESS_INTERVAL_S = 0.2
+"""The download process tells its node how far it got at most this often."""
+DOWNLOAD_CHUNK_BYTES = 1024 * 1024
+"""Bytes read per chunk: a progress step, and the most a killed download loses."""
+DOWNLOAD_RETRY_INITIAL_S = 1.0
+"""After a failure that may pass (network down), the first retry waits this long ..."""
+DOWNLOAD_RETRY_MAX_S = 30.0
+"""... each next one twice as long, up to this."""
+DOWNLOAD_STOP_GRACE_S = 1.0
+"""A download no one needs any more is sent SIGTERM, then SIGKILL after this."""
+DOWNLOAD_DISK_MARGIN_BYTES = 64 * 1024 * 1024
+"""Free space a download leaves on its disk beyond the files it writes."""
+DOWNLOAD_RATE_WINDOW_S = 5.0
+"""The rate (and so the ETA) is the average over this much recent time."""
+
+
+def default_hub_cache() -> Path:
+    """The Hugging Face cache huggingface_hub and mlx-lm use: `$HF_HUB_CACHE`, else
+    `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`."""
+    if cache := os.environ.get("HF_HUB_CACHE"):
+        return Path(cache).expanduser()
+    if home := os.environ.get("HF_HOME"):
+        return Path(home).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def env_flag(name: str) -> bool:
+    """An environment variable set to a true value (1, true, yes, on), as huggingface_hub
+    reads its flags."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@attrs.frozen
+class HubConfig:
+    """Where models come from and go to. The token (`HF_TOKEN`) is never part of it: the
+    download process reads it from its environment, so it appears in no state or log."""
+
+    cache_dir: Path = attrs.field(factory=default_hub_cache, converter=Path)
+    endpoint: str = attrs.field(
+        factory=lambda: os.environ.get(HF_ENDPOINT_ENV) or DEFAULT_HF_ENDPOINT
+    )
+    offline: bool = attrs.field(factory=lambda: env_flag(HF_OFFLINE_ENV))
+    request_timeout: float = HUB_REQUEST_TIMEOUT_S
+    report_interval: float = DOWNLOAD_REPORT_INTERVAL_S
+    progress_interval: float = DOWNLOAD_PROGRESS_INTERVAL_S
+    chunk_bytes: int = DOWNLOAD_CHUNK_BYTES
+    retry_initial: float = DOWNLOAD_RETRY_INITIAL_S
+    retry_max: float = DOWNLOAD_RETRY_MAX_S
+    stop_grace: float = DOWNLOAD_STOP_GRACE_S
+    disk_margin: int = DOWNLOAD_DISK_MARGIN_BYTES
+    rate_window: float = DOWNLOAD_RATE_WINDOW_S
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds before retry number `attempt` (1, 2, ...)."""
+        return float(min(self.retry_max, self.retry_initial * 2 ** max(0, attempt - 1)))
+
+
+# --- the node --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class NodeConfig:
+    """Everything a node needs to run; `trexo run`'s options end up here."""
+
+    paths: Paths = Paths()
+    api: ApiConfig = ApiConfig()
+    transport: TransportConfig = TransportConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    election: ElectionConfig = ElectionConfig()
+    force_master: bool = False
+    """Claim top seniority: this node wins every election it takes part in."""
+    runner: RunnerConfig = RunnerConfig()
+    restart: RestartPolicy = RestartPolicy()
+    """How the session supervisor restarts a crashed generation."""
+    runner_restart: RestartPolicy = RUNNER_RESTART_POLICY
+    """How a worker restarts a runner that died (it never gives up; it backs off)."""
+    default_model: ModelRef | None = None
+    """Placed once per session if the cluster has no instance of it (None: place nothing)."""
+    extra_models: tuple[ModelRef, ...] = ()
+    """Local models this node offers besides the built-in demo models."""
+    runner_env: dict[str, str] = attrs.field(factory=dict)
+    hub: HubConfig = attrs.field(factory=HubConfig)
+    """Where Hugging Face models come from (endpoint, offline) and go to (the cache)."""

@@ -49,9 +49,8 @@ class DefaultModel:
                     await self._sessions.wait_state_change(state.last_index)
                     continue
                 try:
-                    instance_id = await self._client.place_instance(
-                        self._model.model_id, only_if_absent=True
-                    )
+                    model = await self._client.pinned(self._model)
+                    instance_id = await self._client.place_model(model, only_if_absent=True)
                 except ClusterError as exc:
                     log.warning(
                         "could not place the default model %s: %s", self._model.model_id, exc

@@ -106,6 +106,67 @@ class ModelUnavailable(Unavailable):
     session changed under the request); retry shortly."""
 
 
+class HubError(TrexoError):
+    """A model repository could not be resolved or fetched; each subclass says why."""
+
+    retryable = False
+    """Whether trying again later may succeed (the network came back)."""
+
+
+class RepoNotFound(HubError, ModelNotFound):
+    """No such repository or revision on the hub (or it is private and no token grants it)."""
+
+
+class RepoAccessDenied(HubError, ClusterError):
+    """The repository is gated (its terms must be accepted) or the token was refused."""
+
+
+class HubUnreachable(HubError, Unavailable):
+    """The hub could not be reached (network down, timeouts, server errors): retry later."""
+
+    retryable = True
+
+
+class NotOnDisk(HubError, ModelNotFound):
+    """Offline, and files of the model are not on this node's disk."""
+
+
+class NotAModel(HubError, CommandRefused):
+    """The repository is not an mlx-lm model trexo can run (no config.json, no weights)."""
+
+
+class NoDiskSpace(HubError):
+    """The files do not fit the free space on the disk they go to."""
+
+
+class CorruptDownload(HubError):
+    """A downloaded file's size or hash differs from the hub's listing: fetched again."""
+
+    retryable = True
+
+
+class DownloadCrashed(HubError):
+    """The download process ended without saying how (killed, out of memory): retried."""
+
+    retryable = True
+
+
+HUB_ERRORS: dict[str, type[HubError]] = {
+    cls.__name__: cls
+    for cls in (
+        RepoNotFound,
+        RepoAccessDenied,
+        HubUnreachable,
+        NotOnDisk,
+        NotAModel,
+        NoDiskSpace,
+        CorruptDownload,
+        DownloadCrashed,
+    )
+}
+"""By name, as a download process reports them."""
+
+
 class LinkError(TrexoError):
     """A link to a peer node could not be set up."""
 

@@ -11,6 +11,7 @@ Node (root nursery)               lives as long as the process
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -23,18 +24,11 @@ from trexo import catalog
 from trexo.api.app import create_app
 from trexo.api.server import ApiServer
 from trexo.cluster_client import ClusterClient, SessionTracker
-from trexo.config import (
-    RUNNER_RESTART_POLICY,
-    ApiConfig,
-    DiscoveryConfig,
-    ElectionConfig,
-    Paths,
-    RestartPolicy,
-    RunnerConfig,
-    TransportConfig,
-)
+from trexo.config import NodeConfig
 from trexo.default_model import DefaultModel
 from trexo.election import Election
+from trexo.hub.downloads import Downloads
+from trexo.hub.resolve import resolve_model
 from trexo.identity import load_or_create_node_id
 from trexo.lifecycle import SessionSupervisor
 from trexo.master.service import Master
@@ -52,29 +46,6 @@ from trexo.worker.service import Worker
 from trexo.worker.state_view import StateView
 
 log = logging.getLogger(__name__)
-
-
-@attrs.frozen
-class NodeConfig:
-    """Everything a node needs to run; `trexo run`'s options end up here."""
-
-    paths: Paths = Paths()
-    api: ApiConfig = ApiConfig()
-    transport: TransportConfig = TransportConfig()
-    discovery: DiscoveryConfig = DiscoveryConfig()
-    election: ElectionConfig = ElectionConfig()
-    force_master: bool = False
-    """Claim top seniority: this node wins every election it takes part in."""
-    runner: RunnerConfig = RunnerConfig()
-    restart: RestartPolicy = RestartPolicy()
-    """How the session supervisor restarts a crashed generation."""
-    runner_restart: RestartPolicy = RUNNER_RESTART_POLICY
-    """How a worker restarts a runner that died (it never gives up; it backs off)."""
-    default_model: ModelRef | None = None
-    """Placed once per session if the cluster has no instance of it (None: place nothing)."""
-    extra_models: tuple[ModelRef, ...] = ()
-    """Local models this node offers besides the built-in demo models."""
-    runner_env: dict[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -100,15 +71,23 @@ class Node:
             self.hub,
             self.sessions,
             self._catalog,
-            prompt_counter=PromptCounter(config.paths.models_dir),
+            prompt_counter=PromptCounter(config.paths.models_dir, config.hub.cache_dir),
+            resolve_hub_model=functools.partial(resolve_model, config=config.hub),
+            on_disk=functools.partial(
+                catalog.is_on_disk,
+                models_dir=config.paths.models_dir,
+                cache_root=config.hub.cache_dir,
+            ),
         )
         self.api_url: str | None = None
         self.peer_port: int | None = None
         paths = config.paths
+        self.downloads = Downloads(self.node_id, config.hub, log_dir=paths.logs_dir)
         self.pool = RunnerPool(
             self.router,
             models_dir=paths.models_dir,
             runner_logs_dir=paths.runner_logs_dir,
+            downloads=self.downloads,
             runner_config=config.runner,
             runner_env=config.runner_env,
             restart_policy=config.runner_restart,
@@ -127,7 +106,11 @@ class Node:
         return max(self._last_commands_seen, self.sessions.state().last_index + 1)
 
     def _catalog(self) -> list[ModelRef]:
-        return [*catalog.builtin_models(), *self.config.extra_models]
+        return [
+            *catalog.builtin_models(),
+            *self.config.extra_models,
+            *catalog.hub_models(self.config.hub.cache_dir),
+        ]
 
     async def run(
         self, *, task_status: trio.TaskStatus[NodeStarted] = trio.TASK_STATUS_IGNORED
@@ -144,7 +127,8 @@ class Node:
             self.peer_port = await nursery.start(transport.run)
             # Before the election: static peers dialled during its boot grace are adopted.
             await nursery.start(Discovery(transport, self.config.discovery).run)
-            # Node-lifetime: runners and their streams outlive sessions.
+            # Node-lifetime: downloads, runners and their streams outlive sessions.
+            await nursery.start(self.downloads.run)
             await nursery.start(self.pool.run)
             nursery.start_soon(self.client.fail_orphaned_streams)
             app = create_app(self.client, self.config.api)
@@ -221,6 +205,7 @@ class Node:
                     session=session,
                     view=view,
                     pool=self.pool,
+                    downloads=self.downloads,
                     api_url=lambda: self.api_url,
                 )
                 await generation.start(worker.run)

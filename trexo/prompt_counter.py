@@ -20,6 +20,8 @@ from trexo import catalog
 from trexo.api.admission import PromptBudget
 from trexo.config import TOKENIZER_CACHE_SIZE
 from trexo.errors import ModelNotFound
+from trexo.hub.cache import RepoCache
+from trexo.hub.files import CONFIG_FILE
 from trexo.types.generation import GenerationRequest
 from trexo.types.models import ModelRef
 
@@ -32,17 +34,28 @@ class _Tokenizer:
     context: int | None
 
 
-def _load(model: ModelRef, models_dir: Path) -> _Tokenizer | None:
+def _load(model: ModelRef, models_dir: Path, hub_cache: Path) -> _Tokenizer | None:
     from mlx_lm.utils import load_tokenizer  # heavy (transformers): only when first needed
 
     from trexo.engine.prompt import read_context_length
 
-    try:
-        model_dir = catalog.model_dir(model, models_dir)
-    except ModelNotFound:
+    model_dir = _local_dir(model, models_dir, hub_cache)
+    if model_dir is None:
         return None
     tokenizer = load_tokenizer(model_dir)  # type: ignore[no-untyped-call]
     return _Tokenizer(tokenizer, read_context_length(model_dir))
+
+
+def _local_dir(model: ModelRef, models_dir: Path, hub_cache: Path) -> Path | None:
+    """Where this node has the model's tokenizer and config, if it has them."""
+    revision = model.hub_revision
+    if revision is not None:
+        snapshot = RepoCache(hub_cache, revision.repo_id).snapshot(revision.commit)
+        return snapshot if (snapshot / CONFIG_FILE).is_file() else None
+    try:
+        return catalog.model_dir(model, models_dir)
+    except ModelNotFound:
+        return None
 
 
 def _count(tokenizer: Any, request: GenerationRequest) -> int:
@@ -52,8 +65,11 @@ def _count(tokenizer: Any, request: GenerationRequest) -> int:
 
 
 class PromptCounter:
-    def __init__(self, models_dir: Path, *, cache_size: int = TOKENIZER_CACHE_SIZE) -> None:
+    def __init__(
+        self, models_dir: Path, hub_cache: Path, *, cache_size: int = TOKENIZER_CACHE_SIZE
+    ) -> None:
         self._models_dir = models_dir
+        self._hub_cache = hub_cache
         self._cache_size = cache_size
         self._cache: OrderedDict[str, _Tokenizer] = OrderedDict()
         self._lock = trio.Lock()  # one load at a time: a second caller waits for the first
@@ -73,7 +89,9 @@ class PromptCounter:
                 self._cache.move_to_end(key)
                 return self._cache[key]
             try:
-                loaded = await trio.to_thread.run_sync(_load, model, self._models_dir)
+                loaded = await trio.to_thread.run_sync(
+                    _load, model, self._models_dir, self._hub_cache
+                )
             except Exception:
                 # Not this request's fault; the runner checks the limit too.
                 log.exception("could not load the tokenizer of %s", model.model_id)

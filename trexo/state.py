@@ -15,6 +15,7 @@ from typing import TypeVar
 import attrs
 
 from trexo.types.events import (
+    DownloadUpdated,
     Event,
     GroupReset,
     IndexedEvent,
@@ -75,6 +76,11 @@ def rebuild_events(state: State) -> list[Event]:
             if address is not None
         ]
     events += [TaskCreated(task) for task in state.tasks.values()]
+    events += [
+        DownloadUpdated(node_id, progress)
+        for node_id, downloads in state.downloads.items()
+        for progress in downloads.values()
+    ]
     return events
 
 
@@ -93,6 +99,7 @@ def carry_over(state: State) -> State:
         runners=dict(state.runners),
         tasks=dict(state.tasks),
         groups=dict(state.groups),
+        downloads=dict(state.downloads),
     )
 
 
@@ -104,7 +111,11 @@ def _apply_event(state: State, event: Event) -> State:
             # Instances on the node stay: the master deletes them with their own events.
             if node_id not in state.nodes:
                 return _unknown(state, event, "node", node_id)
-            return attrs.evolve(state, nodes=_without(state.nodes, node_id))
+            return attrs.evolve(
+                state,
+                nodes=_without(state.nodes, node_id),
+                downloads=_without(state.downloads, node_id),
+            )
         case InstanceCreated(instance):
             if instance.instance_id in state.instances:
                 return _unknown(state, event, "instance (already exists)", instance.instance_id)
@@ -161,6 +172,11 @@ def _apply_event(state: State, event: Event) -> State:
                 return _unknown(state, event, "group (or an older epoch)", (instance_id, epoch))
             reset = GroupState.empty(epoch, len(group.addresses))
             return attrs.evolve(state, groups={**state.groups, instance_id: reset})
+        case DownloadUpdated(node_id, progress):
+            if node_id not in state.nodes:
+                return _unknown(state, event, "node", node_id)
+            mine = {**state.downloads.get(node_id, {}), progress.model_id: progress}
+            return attrs.evolve(state, downloads={**state.downloads, node_id: mine})
         case SessionOpened():
             return attrs.evolve(state, opened=True)
     log.warning("not an event, ignored: %r", event)  # unreachable for well-typed input

@@ -19,7 +19,16 @@ from cattrs.strategies import configure_tagged_union
 from trexo import safe_json
 from trexo.config import MAX_FRAME_BYTES
 from trexo.errors import FrameTooLarge, MalformedMessage, TruncatedFrame
-from trexo.types import commands, election, events, ipc, local_events, runner_status, stream
+from trexo.types import (
+    commands,
+    election,
+    events,
+    fetch,
+    ipc,
+    local_events,
+    runner_status,
+    stream,
+)
 
 TAG_FIELD = "type"
 HEADER = struct.Struct(">I")
@@ -70,6 +79,7 @@ register_union(events.Event, "Event")
 register_union(local_events.LocalEvent, "LocalEvent")
 register_union(stream.StreamItem, "StreamItem")
 register_union(election.ElectionMessage, "ElectionMessage")
+register_union(fetch.FetchEvent, "FetchEvent")
 
 
 def to_json(msg: object, as_type: Any) -> bytes:

@@ -113,6 +113,10 @@ class FakeNode:
             for m in (DEMO, OTHER, TOO_BIG)
         ]
 
+    async def resolve_model(self, model_id: str) -> ModelRef:
+        await trio.lowlevel.checkpoint()
+        return self._model(model_id)
+
     async def place_instance(
         self,
         model_id: str,

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from trexo.errors import PlacementRefused
 from trexo.master.placement import (
     Infeasible,
-    format_bytes,
     free_memory,
     place,
     required_bytes,
@@ -32,6 +31,7 @@ from trexo.types.models import ModelLayout, ModelRef
 from trexo.types.refusal import RefusalKind
 from trexo.types.shard import ShardSpec
 from trexo.types.state import Instance, NodeInfo, State
+from trexo.units import format_bytes
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

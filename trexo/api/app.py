@@ -33,9 +33,10 @@ from trexo.api.instance_request import parse_place_instance
 from trexo.api.sse import SSE_CONTENT_TYPE, SSE_HEADERS, dumps
 from trexo.api.validation import invalid_value, missing
 from trexo.config import ApiConfig
+from trexo.errors import ModelNotFound
+from trexo.hub.curated import curated
 from trexo.master.previews import PlacementPreview, previews
 from trexo.types.ids import InstanceId, RequestId
-from trexo.types.models import ModelRef
 from trexo.types.state import Instance, State
 from trexo.wire import converter
 
@@ -153,7 +154,10 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
 
     @app.get("/instances/previews")
     async def instance_previews() -> Response:
-        model = known_model(node, preview_model_id(request.args.get("model")))
+        try:
+            model = await node.resolve_model(preview_model_id(request.args.get("model")))
+        except ModelNotFound as exc:  # the query parameter names no model
+            raise ApiError(404, str(exc), param="model", code="model_not_found") from None
         data = [
             converter.unstructure(p, PlacementPreview)
             for p in previews(node.current_state(), model)
@@ -219,36 +223,37 @@ def preview_model_id(raw: str | None) -> str:
     return raw
 
 
-def known_model(node: NodeHandle, model_id: str) -> ModelRef:
-    """The model `model_id` names among those the node knows (as `POST /instances` resolves
-    it), or a 404."""
-    for listing in node.models():
-        if listing.model.model_id == model_id:
-            return listing.model
-    raise ApiError(
-        404,
-        f"The model '{model_id}' does not exist.",
-        param="model",
-        code="model_not_found",
-    )
-
-
 def sse_response(app: QuartTrio, body: AsyncIterator[bytes]) -> Response:
     return app.response_class(body, status=200, headers=SSE_HEADERS, content_type=SSE_CONTENT_TYPE)
 
 
 def model_object(listing: ModelListing) -> dict[str, Any]:
     """A `/v1/models` entry. trexo's extensions: `placed` (an instance exists, maybe still
-    loading) and `ready` (one can serve now); `loaded` is `ready`, under exo's name."""
-    return {
-        "id": listing.model.model_id,
+    loading), `ready` (one can serve now; `loaded` is the same, under exo's name),
+    `downloaded` (this node has every file), `size_bytes` and `n_layers` (when known; sizes
+    of the curated models are approximate until resolved), `parameters` and `quantization`
+    (curated models)."""
+    model = listing.model
+    entry: dict[str, Any] = {
+        "id": model.model_id,
         "object": "model",
-        "created": listing.model.created,
+        "created": model.created,
         "owned_by": OWNED_BY,
         "placed": listing.placed,
         "ready": listing.ready,
         "loaded": listing.ready,
+        "downloaded": listing.downloaded,
+        "size_bytes": model.size_bytes,
     }
+    curated_entry = curated(model.model_id)
+    if model.layout is not None:
+        entry["n_layers"] = model.layout.n_layers
+    elif curated_entry is not None:
+        entry["n_layers"] = curated_entry.n_layers
+    if curated_entry is not None:
+        entry["parameters"] = curated_entry.parameters
+        entry["quantization"] = curated_entry.quantization
+    return entry
 
 
 def http_error_to_api(error: HTTPException, config: ApiConfig) -> ApiError:

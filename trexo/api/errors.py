@@ -19,6 +19,7 @@ from trexo.errors import (
     NodeNotFound,
     NoSession,
     PlacementRefused,
+    RepoAccessDenied,
     TaskNotFound,
     TrexoError,
     Unavailable,
@@ -92,6 +93,8 @@ def cluster_error_to_api(exc: ClusterError) -> ApiError:
             )
         case ModelNotFound():
             return ApiError(404, message, code="model_not_found")
+        case RepoAccessDenied():
+            return ApiError(403, message, code="model_access_denied")
         case InstanceNotFound():
             return ApiError(404, message, code="instance_not_found")
         case NodeNotFound():

@@ -33,6 +33,8 @@ class ModelListing:
     """At least one instance of it is placed (it may still be loading)."""
     ready: bool
     """At least one instance of it can serve now: its lead runner is ready or running."""
+    downloaded: bool = False
+    """This node has every file of it on disk (a demo model: built)."""
 
 
 class NodeHandle(Protocol):
@@ -48,6 +50,12 @@ class NodeHandle(Protocol):
 
     def models(self) -> list[ModelListing]:
         """Models that can be placed, and whether each is placed now."""
+        ...
+
+    async def resolve_model(self, model_id: str) -> ModelRef:
+        """The model `model_id` names, ready to place: a known one, or a Hugging Face repo
+        (`org/name`) resolved on the hub and pinned to its current commit. Raises
+        `ModelNotFound` (unknown), `RepoAccessDenied` (gated), `HubUnreachable`."""
         ...
 
     async def place_instance(

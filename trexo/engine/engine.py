@@ -7,6 +7,7 @@ the flag its trio side sets. One generation at a time: seeding and the KV cache 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from trexo.config import DEFAULT_PREFILL_STEP_TOKENS
 from trexo.engine.prompt import encode_prompt, read_context_length
 from trexo.engine.sharding import Sampler, SamplerWrap, shard_model
 from trexo.engine.stops import StopMatcher
+from trexo.hub.files import WEIGHT_INDEX, missing_weight_files
 from trexo.types.chunks import Chunk, FinishReason, Usage
 from trexo.types.generation import GenerationRequest, SamplingParams
 from trexo.types.ids import RequestId
@@ -48,6 +50,22 @@ def check_fits(prompt_tokens: int, max_tokens: int, context: int) -> None:
         raise ValueError(
             f"the prompt has {prompt_tokens} tokens and max_tokens is {max_tokens}: "
             f"{prompt_tokens + max_tokens} tokens do not fit the model's context of {context}"
+        )
+
+
+def _check_shard_files(model_dir: Path, shard: ShardSpec) -> None:
+    """`FileNotFoundError` naming the weight files `shard` needs that `model_dir` lacks."""
+    index_path = model_dir / WEIGHT_INDEX
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        index = None
+    except ValueError as exc:
+        raise ValueError(f"{index_path} is not JSON: {exc}") from exc
+    present = [p.name for p in model_dir.iterdir() if p.exists()]
+    if missing := missing_weight_files(index, shard, present):
+        raise FileNotFoundError(
+            f"{model_dir} lacks weight files rank {shard.rank} needs: {', '.join(missing)}"
         )
 
 
@@ -99,8 +117,11 @@ class Engine:
         if world is None:
             model, config = load_model(model_dir)
         else:
+            # A pipeline rank's directory may hold only the weight files its part needs (a
+            # download fetches no others): say which are missing, else load what is there.
             # Lazily, so that the weights of the layers this rank drops are never read.
-            model, config = load_model(model_dir, lazy=True)
+            _check_shard_files(model_dir, shard)
+            model, config = load_model(model_dir, lazy=True, strict=shard.sharding == "tensor")
             share_tokens = shard_model(model, config, shard, world)
             mx.eval(model.parameters())
         progress(WEIGHTS_LOADED_PROGRESS)

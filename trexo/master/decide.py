@@ -19,6 +19,7 @@ from trexo.master.placement import Infeasible, split_of, try_place
 from trexo.state import apply_all
 from trexo.types.commands import CancelTask, DeleteInstance, PlaceInstance, SubmitTask
 from trexo.types.events import (
+    DownloadUpdated,
     Event,
     GroupReset,
     InstanceCreated,
@@ -33,6 +34,7 @@ from trexo.types.events import (
 )
 from trexo.types.ids import InstanceId, NodeId, RunnerId
 from trexo.types.local_events import (
+    DownloadReport,
     LocalEvent,
     NodeReport,
     RankAddressReport,
@@ -191,6 +193,12 @@ def decide_local_event(state: State, event: LocalEvent) -> list[Event]:
             if task.status == status:
                 return []
             return [TaskStatusChanged(task_id, status)]
+        case DownloadReport(node_id, progress):
+            if node_id not in state.nodes:
+                return []
+            if state.downloads.get(node_id, {}).get(progress.model_id) == progress:
+                return []
+            return [DownloadUpdated(node_id, progress)]
 
 
 def group_reset(state: State, failed: RunnerRecord) -> GroupReset | None:
@@ -258,8 +266,8 @@ def decide_nodes_lost(
 
     An instance with a runner on a lost node cannot serve (a split model loses a layer
     range), so it is deleted as a whole; its tasks go with it (`apply` of InstanceDeleted).
-    Only models every node can make are placed again (today the demo models): a local
-    model's directory exists only on the node it was placed on.
+    Only models every node can make or download are placed again (demo and Hugging Face
+    models): a local model's directory exists only on the node it was placed on.
     """
     lost = sorted(set(state.nodes) - live)
     gone = [
@@ -273,7 +281,7 @@ def decide_nodes_lost(
         return events
     survivors = apply_all(state, events)
     for instance in gone:
-        if instance.model.demo_size is None:
+        if not instance.model.every_node_can_fetch:
             continue
         again = place_again(survivors, instance, new_id=new_id, overhead=overhead)
         if isinstance(again, Infeasible):

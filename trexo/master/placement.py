@@ -25,8 +25,7 @@ from trexo.types.models import ModelRef
 from trexo.types.refusal import RefusalKind
 from trexo.types.shard import Sharding, ShardSpec
 from trexo.types.state import Instance, RunnerAssignment, State
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+from trexo.units import format_bytes
 
 
 @attrs.frozen
@@ -47,18 +46,6 @@ class RankPlan:
 
 Plan = tuple[RankPlan, ...]
 """A planned instance's runners in rank order."""
-
-
-def format_bytes(n: int) -> str:
-    """`n` bytes in binary units with one decimal: `"96.0 MiB"`, `"512 B"`."""
-    if abs(n) < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in _UNITS[1:]:
-        value /= 1024
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            break
-    return f"{value:.1f} {unit}"
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from trexo.types.chunks import FinishReason
+from trexo.types.downloads import DownloadProgress
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.runner_status import RunnerStatus
 from trexo.types.session import Session
@@ -75,6 +76,14 @@ class GroupReset:
 
 
 @attrs.frozen
+class DownloadUpdated:
+    """Node `node_id`'s download of `progress.model_id` stands as `progress`."""
+
+    node_id: NodeId
+    progress: DownloadProgress
+
+
+@attrs.frozen
 class SessionOpened:
     """The master has written the state it carried over: from here on the log is this
     session's own. Workers act on the state (stop runners, cancel tasks) only after it."""
@@ -91,6 +100,7 @@ Event = (
     | TaskFinished
     | RankAddressed
     | GroupReset
+    | DownloadUpdated
     | SessionOpened
 )
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 
 from trexo.types.chunks import FinishReason
-from trexo.types.ids import InstanceId, RequestId, RunnerId
+from trexo.types.downloads import DownloadProgress
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.runner_status import RunnerStatus
 from trexo.types.state import NodeInfo, Task, TaskStatus
 
@@ -49,4 +50,14 @@ class RankAddressReport:
     address: str
 
 
-LocalEvent = NodeReport | RunnerReport | TaskReport | TaskInFlight | RankAddressReport
+@attrs.frozen
+class DownloadReport:
+    """Where node `node_id`'s download of a model stands."""
+
+    node_id: NodeId
+    progress: DownloadProgress
+
+
+LocalEvent = (
+    NodeReport | RunnerReport | TaskReport | TaskInFlight | RankAddressReport | DownloadReport
+)

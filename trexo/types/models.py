@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import attrs
 
 DEMO_SOURCE_PREFIX = "demo:"
 """`source` of a built-in demo model: every node builds it locally, on demand."""
+HUB_SOURCE_PREFIX = "hf:"
+"""`source` of a Hugging Face model: `hf:<repo id>@<commit>`; every node fetches its part."""
+DEFAULT_HUB_REVISION = "main"
+COMMIT_HASH = re.compile(r"^[0-9a-f]{40}$")
 
 
 @attrs.frozen
@@ -30,8 +36,10 @@ class ModelLayout:
 class ModelRef:
     """A model by name, where to find its files, and how many bytes its weights take.
 
-    `source` is `"demo:<size>"` for a built-in demo model or an absolute directory path
-    (which must exist on the node that runs it).
+    `source` is `"demo:<size>"` for a built-in demo model, `"hf:<repo id>@<commit>"` for a
+    Hugging Face model (pinned to the commit it was resolved to, so that every node fetches
+    the same files), or an absolute directory path (which must exist on the node that runs
+    it).
     """
 
     model_id: str
@@ -48,3 +56,34 @@ class ModelRef:
         if self.source.startswith(DEMO_SOURCE_PREFIX):
             return self.source.removeprefix(DEMO_SOURCE_PREFIX)
         return None
+
+    @property
+    def hub_revision(self) -> HubRevision | None:
+        """The repository and commit of a Hugging Face model; None for other sources."""
+        if not self.source.startswith(HUB_SOURCE_PREFIX):
+            return None
+        repo_id, _, commit = self.source.removeprefix(HUB_SOURCE_PREFIX).rpartition("@")
+        return HubRevision(repo_id, commit) if repo_id and commit else None
+
+    @property
+    def every_node_can_fetch(self) -> bool:
+        """Any node can make its files (a demo model) or download them (a hub model)."""
+        return self.demo_size is not None or self.hub_revision is not None
+
+
+@attrs.frozen
+class HubRevision:
+    """A Hugging Face model repository at one commit."""
+
+    repo_id: str
+    commit: str
+    """A commit hash once resolved; a branch or tag name before."""
+
+    @property
+    def source(self) -> str:
+        return f"{HUB_SOURCE_PREFIX}{self.repo_id}@{self.commit}"
+
+    @property
+    def is_pinned(self) -> bool:
+        """A commit hash, not a branch (`main`) that moves: a model is placed pinned."""
+        return bool(COMMIT_HASH.match(self.commit))

@@ -1,6 +1,7 @@
 """A runner's lifecycle as the parent sees it.
 
-idle -> loading -> ready <-> running, ending in failed (unexpected) or stopped (on purpose).
+idle -> (downloading ->) loading -> ready <-> running, ending in failed (unexpected) or
+stopped (on purpose).
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ import attrs
 @attrs.frozen
 class RunnerIdle:
     """Spawned, nothing loaded yet."""
+
+
+@attrs.frozen
+class RunnerDownloading:
+    """Waiting for its node to download the model's files (the node's `downloads` in the
+    cluster state say how far it is)."""
 
 
 @attrs.frozen
@@ -46,6 +53,12 @@ class RunnerStopped:
 
 
 RunnerStatus = (
-    RunnerIdle | RunnerLoading | RunnerReady | RunnerRunning | RunnerFailed | RunnerStopped
+    RunnerIdle
+    | RunnerDownloading
+    | RunnerLoading
+    | RunnerReady
+    | RunnerRunning
+    | RunnerFailed
+    | RunnerStopped
 )
 TERMINAL_STATUSES = (RunnerFailed, RunnerStopped)

@@ -6,6 +6,7 @@ from typing import Literal
 
 import attrs
 
+from trexo.types.downloads import DownloadProgress
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.models import ModelRef
@@ -107,6 +108,9 @@ class State:
     tasks: dict[RequestId, Task] = attrs.field(factory=dict)
     groups: dict[InstanceId, GroupState] = attrs.field(factory=dict)
     """The rank group of every instance split over several runners."""
+    downloads: dict[NodeId, dict[str, DownloadProgress]] = attrs.field(factory=dict)
+    """Each node's model downloads by model id, as last reported (kept once done: the node
+    has the files)."""
     last_index: int = -1
     """Index of the last event applied; -1 before any."""
     opened: bool = False

@@ -30,7 +30,14 @@ from trexo.config import (
     RestartPolicy,
     RunnerConfig,
 )
-from trexo.errors import ClusterError, RequestRejected, RunnerError, RunnerUnavailable
+from trexo.errors import (
+    ClusterError,
+    HubError,
+    RequestRejected,
+    RunnerError,
+    RunnerUnavailable,
+)
+from trexo.hub.downloads import Downloads
 from trexo.lifecycle import RestartIntensity
 from trexo.net.router import PeerUnreachable, Router
 from trexo.net.topics import Topic
@@ -46,6 +53,7 @@ from trexo.types.local_events import (
 )
 from trexo.types.runner_status import (
     TERMINAL_STATUSES,
+    RunnerDownloading,
     RunnerFailed,
     RunnerIdle,
     RunnerReady,
@@ -124,6 +132,7 @@ class RunnerPool:
         models_dir: Path,
         runner_logs_dir: Path,
         runner_config: RunnerConfig = RunnerConfig(),
+        downloads: Downloads | None = None,
         runner_env: dict[str, str] | None = None,
         restart_policy: RestartPolicy = RUNNER_RESTART_POLICY,
         finished_remembered: int = FINISHED_TASKS_REMEMBERED,
@@ -132,6 +141,7 @@ class RunnerPool:
         self._models_dir = models_dir
         self._runner_logs_dir = runner_logs_dir
         self._runner_config = runner_config
+        self._downloads = downloads
         self._runner_env = runner_env or {}
         self._restart_policy = restart_policy
         self._finished_remembered = finished_remembered
@@ -273,10 +283,9 @@ class RunnerPool:
             # Spawned before its group forms: the interpreter's start overlaps the wait.
             await nursery.start(supervisor.run)
             try:
-                # Node-lifetime, so a demo model's build never delays a session swap.
-                model_dir = await trio.to_thread.run_sync(
-                    catalog.model_dir, model, self._models_dir
-                )
+                # Node-lifetime, so neither a demo model's build nor a download ever delays a
+                # session swap.
+                model_dir = await self._model_files(entry)
                 group = None
                 if entry.instance.is_split:
                     group = await self._join_group(entry)
@@ -287,7 +296,7 @@ class RunnerPool:
             except _EpochMoved:
                 moved.set()
             # OSError: the model directory could not be read (no descriptor left, ...)
-            except (RunnerError, ClusterError, OSError) as exc:
+            except (RunnerError, ClusterError, HubError, OSError) as exc:
                 log.error("runner %s could not load %s: %s", entry.runner_id, model.model_id, exc)
                 load_error = f"could not load {model.model_id}: {exc}"
             if moved.is_set() or load_error is not None:
@@ -296,6 +305,18 @@ class RunnerPool:
         if moved.is_set() and not isinstance(supervisor.status, RunnerFailed):
             raise _EpochMoved
         return load_error
+
+    async def _model_files(self, entry: PoolRunner) -> Path:
+        """The directory the runner loads from, once it holds what its part needs: a demo
+        model is built, a hub model's files for this shard downloaded."""
+        model = entry.instance.model
+        if model.hub_revision is None:
+            return await trio.to_thread.run_sync(catalog.model_dir, model, self._models_dir)
+        if self._downloads is None:
+            raise RunnerUnavailable(f"this node cannot download models ({model.model_id})")
+        self._set_status(entry, RunnerDownloading())
+        shard = entry.assignment.shard
+        return await self._downloads.fetch(model, None if shard.is_whole else shard)
 
     async def _join_group(self, entry: PoolRunner) -> RankGroup:
         """Report this rank's address for the group's epoch; wait until every rank has.

@@ -19,6 +19,7 @@ import psutil
 import trio
 
 from trexo.config import NODE_REPORT_INTERVAL_S
+from trexo.hub.downloads import Downloads
 from trexo.net.router import PeerUnreachable, Router
 from trexo.net.topics import Topic
 from trexo.types.ids import NodeId, RequestId
@@ -53,6 +54,7 @@ class Worker:
         session: Session,
         view: StateView,
         pool: RunnerPool,
+        downloads: Downloads | None = None,
         api_url: Callable[[], str | None] = lambda: None,
         node_report_interval: float = NODE_REPORT_INTERVAL_S,
     ) -> None:
@@ -61,6 +63,7 @@ class Worker:
         self._session = session
         self._view = view
         self._pool = pool
+        self._downloads = downloads
         self._api_url = api_url
         self._node_report_interval = node_report_interval
         self._local_changed = trio.Event()
@@ -73,10 +76,12 @@ class Worker:
     async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             # What the runners did while there was no master, and what they do now.
-            for fact in self._pool.facts_now():
+            for fact in self._facts_now():
                 self._report(fact)
             nursery.start_soon(self._send_reports)
-            nursery.start_soon(self._send_pool_facts)
+            nursery.start_soon(self._send_facts, self._pool.facts)
+            if self._downloads is not None:
+                nursery.start_soon(self._send_facts, self._downloads.facts)
             nursery.start_soon(self._report_node_periodically)
             nursery.start_soon(self._wake_on, self._wait_state_change)
             nursery.start_soon(self._wake_on, self._pool.wait_change)
@@ -152,10 +157,17 @@ class Worker:
         async for event in self._reports_receive:
             await self._send(event)
 
-    async def _send_pool_facts(self) -> None:
-        # The pool's channel outlives this worker: what we do not take, the next one sends.
-        async for event in self._pool.facts:
+    async def _send_facts(self, facts: trio.MemoryReceiveChannel[LocalEvent]) -> None:
+        # The pool's and the downloads' channels outlive this worker: what we do not take,
+        # the next one sends.
+        async for event in facts:
             await self._send(event)
+
+    def _facts_now(self) -> list[LocalEvent]:
+        facts = self._pool.facts_now()
+        if self._downloads is not None:
+            facts += self._downloads.facts_now()
+        return facts
 
     async def _send(self, event: LocalEvent) -> None:
         try:
@@ -182,6 +194,6 @@ class Worker:
                 )
             else:
                 self._report(NodeReport(info))
-            for fact in self._pool.facts_now():
+            for fact in self._facts_now():
                 self._report(fact)
             await trio.sleep(self._node_report_interval)
