@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from trexo import wire
 from trexo.state import apply, apply_all, carry_over, rebuild_events
+from trexo.types.downloads import DownloadPhase, DownloadProgress
 from trexo.types.events import (
+    DownloadUpdated,
     Event,
     GroupReset,
     IndexedEvent,
@@ -30,6 +32,7 @@ from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.models import ModelRef
 from trexo.types.runner_status import (
+    RunnerDownloading,
     RunnerFailed,
     RunnerIdle,
     RunnerLoading,
@@ -192,6 +195,7 @@ instance_ids = st.sampled_from([InstanceId(f"i{k}") for k in range(3)])
 task_ids = st.sampled_from([RequestId(f"t{k}") for k in range(4)])
 statuses = st.one_of(
     st.just(RunnerIdle()),
+    st.just(RunnerDownloading()),
     st.builds(RunnerLoading, st.floats(0, 1)),
     st.just(RunnerReady()),
     st.builds(RunnerRunning, st.integers(1, 8)),
@@ -210,6 +214,19 @@ nodes = st.builds(
 def _runner_of(iid: InstanceId, k: int) -> RunnerId:
     # Runner ids are unique per instance, as the master's random ids are.
     return RunnerId(f"{iid}-r{k}")
+
+
+download_progress = st.builds(
+    DownloadProgress,
+    model_id=st.sampled_from(["org/a", "org/b"]),
+    phase=st.sampled_from(DownloadPhase),
+    done_bytes=st.integers(0, 2**40),
+    total_bytes=st.integers(0, 2**40),
+    bytes_per_s=st.floats(0, 1e12),
+    eta_s=st.none() | st.floats(0, 1e6),
+    error=st.none() | st.text(max_size=10),
+    retry_in=st.none() | st.floats(0, 60),
+)
 
 
 @st.composite
@@ -258,6 +275,7 @@ events: st.SearchStrategy[Event] = st.one_of(
         st.sampled_from(["127.0.0.1:5000", "127.0.0.2:5001"]),
     ),
     st.builds(GroupReset, instance_ids, st.integers(0, 3)),
+    st.builds(DownloadUpdated, node_ids, download_progress),
 )
 event_lists = st.lists(events, max_size=40)
 
@@ -285,6 +303,10 @@ def test_state_invariants_hold(evs: list[Event]) -> None:
     assert set(state.groups) == {i for i, inst in state.instances.items() if inst.is_split}
     for iid, group in state.groups.items():
         assert len(group.addresses) == len(state.instances[iid].assignments)
+    # Only nodes in the cluster have downloads, each under its model's id.
+    assert set(state.downloads) <= set(state.nodes)
+    for downloads in state.downloads.values():
+        assert all(model_id == p.model_id for model_id, p in downloads.items())
 
 
 @given(event_lists)
@@ -321,6 +343,18 @@ def test_carry_over_keeps_everything_but_the_log_position(evs: list[Event]) -> N
     assert kept == attrs.evolve(state, last_index=-1, opened=False)
     # And a new session's log rebuilds it exactly.
     assert apply_all(State(), rebuild_events(kept)) == kept
+
+
+def test_downloads_are_kept_per_node_and_model_and_leave_with_the_node() -> None:
+    progress = DownloadProgress("org/m", DownloadPhase.DOWNLOADING, 10, 100)
+    state = apply(base(), DownloadUpdated(N1, progress))
+    assert state.downloads == {N1: {"org/m": progress}}
+    done = attrs.evolve(progress, phase=DownloadPhase.DONE, done_bytes=100)
+    other = DownloadProgress("org/n", DownloadPhase.FAILED, error="gated")
+    state = apply_all(state, [DownloadUpdated(N1, done), DownloadUpdated(N1, other)])
+    assert state.downloads == {N1: {"org/m": done, "org/n": other}}
+    assert apply(state, DownloadUpdated(NodeId("ghost"), progress)) == state
+    assert apply(state, NodeRemoved(N1)).downloads == {}
 
 
 def test_a_split_instance_forms_its_group_rank_by_rank_and_resets_to_a_new_epoch() -> None:

@@ -2,6 +2,7 @@
 
 - `GET /api/models/<org>/<name>[/revision/<rev>]`: the model's info, with `siblings` (size,
   git blob id, and for large files `lfs.sha256`), as `model_info(files_metadata=True)` reads it;
+- `GET /api/models/<org>/<name>/tree/<rev>`: the file list `snapshot_download` reads;
 - `HEAD` / `GET /<org>/<name>/resolve/<rev>/<file>`: the file, with the headers the client
   checks (`ETag`, `X-Repo-Commit`, `Content-Length`) and HTTP Range (206);
 - errors as the hub sends them: an unknown repository is 401 with `X-Error-Code: RepoNotFound`,
@@ -44,6 +45,18 @@ class HubFile:
     def etag(self) -> str:
         return self.sha256 or self.blob_id
 
+    def tree_entry(self) -> dict[str, Any]:
+        """As `list_repo_tree` (used by `snapshot_download`) reads it."""
+        entry: dict[str, Any] = {
+            "type": "file",
+            "path": self.name,
+            "size": self.size,
+            "oid": self.blob_id,
+        }
+        if self.sha256 is not None:
+            entry["lfs"] = {"oid": self.sha256, "size": self.size, "pointerSize": 134}
+        return entry
+
     def sibling(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"rfilename": self.name, "size": self.size, "blobId": self.blob_id}
         if self.sha256 is not None:
@@ -83,8 +96,8 @@ class FakeHub:
     """Answer every request with 503 (a hub that is down)."""
     token: str = "hf_test_token"
     """The token that opens gated repositories."""
-    requests: list[tuple[str, str]] = attrs.field(factory=list)
-    """(method, path) of every request, in order."""
+    requests: list[tuple[str, str, str]] = attrs.field(factory=list)
+    """(method, path, Range header or "") of every request, in order."""
     url: str = ""
 
     def add(self, repo_id: str, directory: Path, *, gated: bool = False) -> HubRepo:
@@ -97,8 +110,17 @@ class FakeHub:
         prefix = f"/{repo_id}/resolve/"
         return [
             path.split("/")[-1]
-            for method, path in self.requests
+            for method, path, _ in self.requests
             if method == "GET" and path.startswith(prefix)
+        ]
+
+    def ranges(self, repo_id: str, name: str) -> list[str]:
+        """The Range header of every GET of one file ("" when it asked for all of it)."""
+        path = f"/{repo_id}/resolve/"
+        return [
+            wanted
+            for method, got, wanted in self.requests
+            if method == "GET" and got.startswith(path) and got.endswith(f"/{name}")
         ]
 
 
@@ -118,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, *, body: bool) -> None:
         hub = self.server.hub
         path = self.path.split("?", 1)[0]
-        hub.requests.append((self.command, path))
+        hub.requests.append((self.command, path, self.headers.get("Range", "")))
         if hub.unavailable:
             self._error(503, None, "the hub is down")
             return
@@ -141,7 +163,16 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return repo
 
+    def _tree(self, repo_id: str, revision: str) -> None:
+        repo = self._repo(repo_id, revision)
+        if repo is not None:
+            entries = [f.tree_entry() for f in repo.files.values()]
+            self._send(200, json.dumps(entries).encode(), {"Content-Type": "application/json"})
+
     def _info(self, rest: str) -> None:
+        if (tree := re.match(r"^([^/]+/[^/]+)/tree/([^/]+)$", rest)) is not None:
+            self._tree(*tree.groups())
+            return
         repo_id, _, revision = rest.partition("/revision/")
         repo = self._repo(repo_id, revision or "main")
         if repo is None:

@@ -27,6 +27,9 @@ chat templates. Everything else (README, images, PyTorch or GGUF weights) is not
 BLOCK_TENSOR = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
 EMBEDDING_MARK = "embed_tokens"
 HEAD_MARK = "lm_head"
+FINAL_NORM = re.compile(r"(?:^|\.)norm\.(?:weight|bias)$")
+"""The final norm beside the blocks (`model.norm.weight`), which `sharding` drops off all but
+the last rank."""
 
 
 @attrs.frozen
@@ -66,8 +69,13 @@ def weight_map(index: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
-def tensor_needed(name: str, shard: ShardSpec, tied: bool) -> bool:
-    """Whether the runner holding `shard` needs tensor `name` (see the module's rules)."""
+def tensor_needed(name: str, shard: ShardSpec, *, tied: bool, split_edges: bool = True) -> bool:
+    """Whether the runner holding `shard` needs tensor `name` (see the module's rules).
+
+    `split_edges`: the model keeps its edges where `trexo.engine.sharding` finds them (an
+    `embed_tokens` embedding): rank 0 holds the embedding, the last rank the final norm and
+    the head. Otherwise every rank holds every tensor outside the blocks.
+    """
     if shard.is_whole or shard.sharding == "tensor":
         return True
     start, end = shard.start_layer, shard.end_layer
@@ -76,12 +84,24 @@ def tensor_needed(name: str, shard: ShardSpec, tied: bool) -> bool:
     block = BLOCK_TENSOR.search(name)
     if block is not None:
         return start <= int(block.group(1)) < end
+    if not split_edges:
+        return True
     is_first, is_last = shard.rank == 0, shard.rank == shard.world_size - 1
     if EMBEDDING_MARK in name:
         return is_first or (is_last and tied)
-    if HEAD_MARK in name:
+    if HEAD_MARK in name or FINAL_NORM.search(name):
         return is_last
-    return True  # the final norm and anything unknown: small, and safest everywhere
+    return True  # anything else outside the blocks: small, and safest everywhere
+
+
+def _needed_files(mapping: Mapping[str, str], shard: ShardSpec) -> set[str]:
+    tied = not any(HEAD_MARK in tensor for tensor in mapping)
+    split_edges = any(EMBEDDING_MARK in tensor for tensor in mapping)
+    return {
+        file
+        for tensor, file in mapping.items()
+        if tensor_needed(tensor, shard, tied=tied, split_edges=split_edges)
+    }
 
 
 def files_for_shard(
@@ -95,13 +115,7 @@ def files_for_shard(
     listed = list(files)
     weights = {f.name for f in listed if is_weight_file(f.name)}
     if index is not None:
-        mapping = weight_map(index)
-        tied = not any(HEAD_MARK in tensor for tensor in mapping)
-        weights = {
-            file
-            for tensor, file in mapping.items()
-            if file in weights and tensor_needed(tensor, shard, tied)
-        }
+        weights &= _needed_files(weight_map(index), shard)
     return [f for f in listed if is_small_file(f.name) or f.name in weights]
 
 
@@ -113,7 +127,4 @@ def missing_weight_files(
     have = set(present)
     if index is None:
         return [] if any(is_weight_file(name) for name in have) else [f"*{WEIGHT_SUFFIX}"]
-    mapping = weight_map(index)
-    tied = not any(HEAD_MARK in tensor for tensor in mapping)
-    needed = {file for tensor, file in mapping.items() if tensor_needed(tensor, shard, tied)}
-    return sorted(needed - have)
+    return sorted(_needed_files(weight_map(index), shard) - have)
