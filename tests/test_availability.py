@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import attrs
+
 from trexo.availability import instance_availability, model_availability, problems
 from trexo.state import apply_all
-from trexo.types.events import InstanceCreated, RunnerStatusChanged
+from trexo.types.downloads import DownloadPhase, DownloadProgress
+from trexo.types.events import DownloadUpdated, InstanceCreated, NodeUpdated, RunnerStatusChanged
 from trexo.types.ids import InstanceId, NodeId, RunnerId
 from trexo.types.models import ModelRef
 from trexo.types.runner_status import (
+    RunnerDownloading,
     RunnerFailed,
     RunnerLoading,
     RunnerReady,
     RunnerRunning,
     RunnerStatus,
 )
-from trexo.types.state import Instance, RunnerAssignment, State
+from trexo.types.state import Instance, NodeInfo, RunnerAssignment, State
 
+MiB = 1024 * 1024
 MODEL = ModelRef("m", "demo:tiny", 1)
 NODE = NodeId("node-a")
 
@@ -60,3 +65,26 @@ def test_a_model_serves_if_any_instance_does_and_problems_name_the_others() -> N
     assert up is not None and up.serving
     (problem,) = problems(state)
     assert problem.startswith("instance one (m)") and "exit code 1" in problem
+
+
+def test_a_runner_waiting_for_a_download_says_how_far_it_is() -> None:
+    one = instance("one")
+    state = with_status(
+        apply_all(State(), [NodeUpdated(NodeInfo(NODE, "a", 1, 1)), InstanceCreated(one)]),
+        one,
+        RunnerDownloading(),
+    )
+    waiting = instance_availability(state, one)
+    assert not waiting.serving and "waiting for its node to download" in waiting.reason
+    progress = DownloadProgress(
+        "m", DownloadPhase.DOWNLOADING, 41 * MiB, 100 * MiB, 2.5 * MiB, eta_s=23.6
+    )
+    state = apply_all(state, [DownloadUpdated(NODE, progress)])
+    assert instance_availability(state, one).reason.endswith(
+        "is downloading the model (41% of 100.0 MiB, 2.5 MiB/s, about 24 s left)"
+    )
+    retrying = attrs.evolve(
+        progress, phase=DownloadPhase.RETRYING, error="cannot reach the hub", retry_in=4.0
+    )
+    state = apply_all(state, [DownloadUpdated(NODE, retrying)])
+    assert "retrying in 4 s after: cannot reach the hub" in instance_availability(state, one).reason

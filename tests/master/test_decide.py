@@ -18,7 +18,9 @@ from trexo.master.decide import (
 )
 from trexo.state import apply_all
 from trexo.types.commands import CancelTask, DeleteInstance, PlaceInstance, SubmitTask
+from trexo.types.downloads import DownloadPhase, DownloadProgress
 from trexo.types.events import (
+    DownloadUpdated,
     InstanceCreated,
     InstanceDeleted,
     NodeRemoved,
@@ -30,7 +32,13 @@ from trexo.types.events import (
 )
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
-from trexo.types.local_events import NodeReport, RunnerReport, TaskInFlight, TaskReport
+from trexo.types.local_events import (
+    DownloadReport,
+    NodeReport,
+    RunnerReport,
+    TaskInFlight,
+    TaskReport,
+)
 from trexo.types.models import ModelRef
 from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerFailed, RunnerLoading, RunnerReady
@@ -239,6 +247,33 @@ def test_a_lost_nodes_demo_instances_are_placed_again_on_a_survivor_if_they_fit(
     after = apply_all(state, events)
     assert [i.model for i in after.instances.values()] == [MODEL]
     assert decide_nodes_lost(after, frozenset({A, c}), new_id=lambda: next(ids)) == []
+
+
+def test_a_download_report_is_an_event_when_it_changes_something() -> None:
+    state = apply_all(State(), [NodeUpdated(NODE)])
+    progress = DownloadProgress("org/m", DownloadPhase.DOWNLOADING, 1, 10)
+    (event,) = decide_local_event(state, DownloadReport(A, progress))
+    assert event == DownloadUpdated(A, progress)
+    assert decide_local_event(apply_all(state, [event]), DownloadReport(A, progress)) == []
+    assert decide_local_event(state, DownloadReport(NodeId("ghost"), progress)) == []
+
+
+def test_a_lost_nodes_hub_models_are_placed_again_too() -> None:
+    b = NodeId("b")
+    hub = ModelRef("org/m", f"hf:org/m@{'a' * 40}", 10 * MiB)
+    lost = Instance(InstanceId("i"), hub, (RunnerAssignment(RunnerId("r"), b),))
+    state = apply_all(
+        State(),
+        [
+            NodeUpdated(NODE),
+            NodeUpdated(NodeInfo(b, "host-b", 1024 * MiB, 1024 * MiB)),
+            InstanceCreated(lost),
+        ],
+    )
+    events = decide_nodes_lost(state, frozenset({A}), new_id=lambda: "new")
+    again = events[-1]
+    assert isinstance(again, InstanceCreated) and again.instance.model == hub
+    assert again.instance.node_ids == (A,)  # any node can download it
 
 
 def test_small_memory_drifts_are_not_events_but_real_changes_are() -> None:

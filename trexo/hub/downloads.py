@@ -221,7 +221,9 @@ class Downloads:
                     partial(
                         trio.run_process,
                         command,
-                        stdin=subprocess.DEVNULL,
+                        # Never written: its end closes when this process dies, and the
+                        # download process exits at that EOF (no orphan keeps fetching).
+                        stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
                         stderr=stderr,
                         env=env,

@@ -10,8 +10,10 @@ huggingface_hub at import, and never written anywhere.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +41,8 @@ from trexo.types.fetch import (
 )
 from trexo.types.shard import ShardSpec
 from trexo.units import format_bytes
+
+EXIT_PARENT_GONE = 3
 
 
 def _emit(event: FetchEvent) -> None:
@@ -141,11 +145,19 @@ def _check_space(cache: RepoCache, needed: int, margin: int) -> None:
         )
 
 
+def _exit_when_parent_goes() -> None:
+    """Read stdin until EOF: the node that started us closed it, or died."""
+    while sys.stdin.buffer.read(4096):
+        pass
+    os._exit(EXIT_PARENT_GONE)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m trexo.hub.worker JOB_JSON", file=sys.stderr)
         return 2
     job: FetchJob = wire.from_json(argv[1], FetchJob)
+    threading.Thread(target=_exit_when_parent_goes, name="parent-watch", daemon=True).start()
     try:
         _emit(run(job))
     except HubError as exc:
