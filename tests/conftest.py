@@ -10,6 +10,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.hub.fake_hub import FakeHub
 from trexo.engine.blas import setup_blas
 
 setup_blas()
@@ -80,3 +81,30 @@ def untied_model(varied_model: Path, tmp_path_factory: pytest.TempPathFactory) -
     index["weight_map"]["lm_head.weight"] = "model.safetensors"
     index_path.write_text(json.dumps(index))
     return path
+
+
+@pytest.fixture(scope="session")
+def repo_dirs(
+    varied_model: Path, untied_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """Hub repositories made from the demo models, with their weights in several files."""
+    from tests.hub.repos import GATED, TIED, UNTIED, split_repo
+
+    root = tmp_path_factory.mktemp("repos")
+    return {
+        TIED: split_repo(varied_model, root / "tied"),
+        UNTIED: split_repo(untied_model, root / "untied"),
+        GATED: split_repo(varied_model, root / "gated"),
+    }
+
+
+@pytest.fixture
+def hub(repo_dirs: dict[str, Path]) -> Iterator[FakeHub]:
+    """A fake Hugging Face hub on 127.0.0.1 serving `repo_dirs` (GATED behind a token)."""
+    from tests.hub.fake_hub import serving
+    from tests.hub.repos import GATED
+
+    with serving() as served:
+        for repo_id, directory in repo_dirs.items():
+            served.add(repo_id, directory, gated=repo_id == GATED)
+        yield served

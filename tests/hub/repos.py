@@ -7,6 +7,13 @@ import re
 import shutil
 from pathlib import Path
 
+TIED = "trexo-test/tiny-varied"
+"""The varied demo model, its weights in 3 files: the embedding; layers 0-1; layers 2-3 and the
+final norm (the head is tied to the embedding)."""
+UNTIED = "trexo-test/tiny-untied"
+"""The untied variant in 4 files: the embedding; layers 0-1; layers 2-3 and the norm; the head."""
+GATED = "trexo-test/gated"
+"""The varied model again, behind a token."""
 BLOCK = re.compile(r"\.layers\.(\d+)\.")
 INDEX = "model.safetensors.index.json"
 

@@ -20,8 +20,9 @@ from trexo.types.local_events import DownloadReport
 from trexo.types.models import HubRevision, ModelRef
 from trexo.types.shard import ShardSpec
 
-from .conftest import GATED, TIED, UNTIED, downloads_for, offline
+from .conftest import downloads_for, offline
 from .fake_hub import FakeHub
+from .repos import GATED, TIED, UNTIED
 
 TIMEOUT_S = 60.0
 """Generous: only a hang should reach it."""
