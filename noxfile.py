@@ -61,3 +61,9 @@ def bench_failover(session: nox.Session) -> None:
 def bench_sharding(session: nox.Session) -> None:
     """One model split over 2-3 nodes: time per token and TTFT against one node; teardown."""
     session.run(PYTHON, "bench/bench_sharding.py", *session.posargs)
+
+
+@nox.session(name="bench-download")
+def bench_download(session: nox.Session) -> None:
+    """Model download from a local fake hub: trexo against huggingface_hub; place to first token."""
+    session.run(PYTHON, "bench/bench_download.py", *session.posargs)

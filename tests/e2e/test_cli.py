@@ -66,7 +66,7 @@ def test_demo_model_command_builds_identical_bytes(tmp_path: Path) -> None:
 def test_a_missing_model_directory_is_a_clear_error(tmp_path: Path) -> None:
     result = trexo("run", "--model", str(tmp_path / "nowhere"), "--data-dir", str(tmp_path))
     assert result.returncode == 2
-    assert "not a model directory" in result.stderr
+    assert "neither a model directory nor a Hugging Face repo id" in result.stderr
 
 
 async def test_run_with_a_local_model_directory_serves_it(tmp_path: Path) -> None:
