@@ -7,10 +7,13 @@ Two link speeds: loopback as fast as it goes, and the hub sending each file at 1
 fast home connection; on a slower one the fixed costs weigh even less). Per trial, in turn,
 into fresh caches:
 
-- trexo: `resolve_model` (the hub's listing and the config, as `POST /instances` does) and a
-  `Downloads.fetch` of the whole model (its download process, the transfer, the size and
-  sha256 checks, the snapshot links);
-- huggingface_hub: `snapshot_download` of the same repo at the same commit.
+- trexo: `resolve_model` (the hub's listing, the config and the index, as `POST /instances`
+  does) and a `Downloads.fetch` of the whole model by a running node's service (its download
+  process, the transfer, the size and sha256 checks, the snapshot links);
+- huggingface_hub: `snapshot_download` of the same repo, in this process.
+
+The first download of the run (trexo's starts its download process; both import
+huggingface_hub) is reported apart and not counted.
 
 The ratio is huggingface_hub's time over trexo's (1.0: as fast; the aim is ≥ 0.9).
 
@@ -56,20 +59,19 @@ MESSAGES = [{"role": "user", "content": "Hello"}]
 TIMEOUT_S = 300.0
 
 
-async def trexo_download(hub: FakeHub, cache: Path, logs: Path) -> float:
-    config = HubConfig(cache_dir=cache, endpoint=hub.url, offline=False)
+async def trexo_download(downloads: Downloads) -> float:
+    """Resolve the repo and download the whole model, as a running node does."""
     started = time.perf_counter()
-    model = await trio.to_thread.run_sync(resolve_model, REPO, config)
-    async with trio.open_nursery() as nursery:
-        downloads = await nursery.start(Downloads(NodeId("bench"), config, log_dir=logs).run)
-        await downloads.fetch(model)
-        nursery.cancel_scope.cancel()
+    model = await trio.to_thread.run_sync(resolve_model, REPO, downloads.config)
+    await downloads.fetch(model)
     return time.perf_counter() - started
 
 
 async def hf_download(hub: FakeHub, cache: Path) -> float:
     from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import disable_progress_bars
 
+    disable_progress_bars()
     started = time.perf_counter()
     await trio.to_thread.run_sync(
         lambda: snapshot_download(REPO, cache_dir=cache, endpoint=hub.url)
@@ -80,20 +82,27 @@ async def hf_download(hub: FakeHub, cache: Path) -> float:
 async def first_token(node: ClusterNode) -> None:
     """Until a streamed chat gives its first content token."""
     client = openai.AsyncOpenAI(base_url=f"{node.url}/v1", api_key="x", max_retries=0)
-    while True:
-        try:
-            stream = await client.chat.completions.create(
-                model=REPO,
-                messages=MESSAGES,  # type: ignore[arg-type]
-                max_tokens=8,
-                stream=True,
-            )
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    await stream.close()
-                    return
-        except openai.APIError:
+    last_error = None
+    try:
+        while True:
+            try:
+                stream = await client.chat.completions.create(
+                    model=REPO,
+                    messages=MESSAGES,  # type: ignore[arg-type]
+                    max_tokens=8,
+                    stream=True,
+                )
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        await stream.close()
+                        return
+                last_error = "a stream with no content"
+            except openai.APIError as exc:
+                last_error = str(exc)
             await trio.sleep(0.05)
+    finally:
+        if last_error is not None:
+            print(f"  (last answer before the first token: {last_error})")
 
 
 async def place_to_first_token(http: httpx.AsyncClient, node: ClusterNode) -> float:
@@ -144,24 +153,32 @@ async def main_async(args: argparse.Namespace) -> None:
         samples: dict[str, dict[str, list[float]]] = {
             link: {"trexo": [], "huggingface_hub": []} for link in LINKS
         }
+        first: dict[str, float] = {}
         with serving() as hub:
             hub.add(REPO, model_dir)
-            for k in range(args.trials):
-                for link, rate in LINKS.items():
-                    hub.rate = rate
-                    order = (
-                        ("trexo", "huggingface_hub") if k % 2 == 0 else ("huggingface_hub", "trexo")
-                    )
-                    for who in order:
-                        cache = root / f"cache-{who}"
-                        shutil.rmtree(cache, ignore_errors=True)
-                        if who == "trexo":
-                            took = await trexo_download(hub, cache, root / "logs")
-                        else:
-                            took = await hf_download(hub, cache)
-                        samples[link][who].append(took)
-                    line = ", ".join(f"{w} {s[-1]:.2f} s" for w, s in samples[link].items())
-                    print(f"trial {k + 1}, {link}: {line}", flush=True)
+            config = HubConfig(cache_dir=root / "cache-trexo", endpoint=hub.url, offline=False)
+            async with trio.open_nursery() as nursery:
+                service = Downloads(NodeId("bench"), config, log_dir=root / "logs")
+                downloads = await nursery.start(service.run)
+                for k in range(-1, args.trials):  # -1: the first downloads, not counted
+                    for link, rate in LINKS.items():
+                        hub.rate = rate
+                        whos = ["trexo", "huggingface_hub"]
+                        for who in whos if k % 2 == 0 else reversed(whos):
+                            shutil.rmtree(root / f"cache-{who}", ignore_errors=True)
+                            if who == "trexo":
+                                took = await trexo_download(downloads)
+                            else:
+                                took = await hf_download(hub, root / f"cache-{who}")
+                            if k < 0:
+                                first.setdefault(who, took)
+                            else:
+                                samples[link][who].append(took)
+                        if k >= 0:
+                            line = ", ".join(f"{w} {v[-1]:.2f} s" for w, v in samples[link].items())
+                            print(f"trial {k + 1}, {link}: {line}", flush=True)
+                print(f"first download of the run (process start, imports): {first}")
+                nursery.cancel_scope.cancel()
             hub.rate = None
             placement: dict[str, list[float]] = {"not on disk": [], "on disk": []}
             node_cache = root / "node-cache"
@@ -190,18 +207,19 @@ async def main_async(args: argparse.Namespace) -> None:
                     print(
                         f"trial {k + 1}: download stopped {cancels[-1] * 1e3:.0f} ms after DELETE"
                     )
-    report(samples, placement, cancels, size)
+    report(samples, placement, cancels, first, size)
 
 
 def report(
     samples: dict[str, dict[str, list[float]]],
     placement: dict[str, list[float]],
     cancels: list[float],
+    first: dict[str, float],
     size: int,
 ) -> None:
     rows: dict[str, dict[str, float]] = {}
     values: dict[str, dict[str, Any]] = {}
-    results: dict[str, Any] = {"model_bytes": size, "links": {}}
+    results: dict[str, Any] = {"model_bytes": size, "links": {}, "first_download_s": first}
     for link, by in samples.items():
         ratios = [h / t for h, t in zip(by["huggingface_hub"], by["trexo"], strict=True)]
         for who, times in by.items():

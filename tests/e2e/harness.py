@@ -20,6 +20,7 @@ STOP_TIMEOUT_S = 15.0
 ISOLATED = ("--api-port", "0", "--peer-host", "127.0.0.1", "--peer-port", "0", "--no-multicast")
 """Tests stay on loopback and never beacon to the LAN; later arguments override these."""
 URL = re.compile(r"https?://[^\s/]+")
+RUNNER_MODULE = "trexo.runner"
 
 
 @attrs.define
@@ -33,10 +34,26 @@ class TrexoProcess:
         return self.process.pid
 
     def runner_pids(self) -> list[int]:
+        """The node's runner processes (not its download process, which waits for work)."""
+        return [p.pid for p in self._children() if RUNNER_MODULE in p.cmdline()]
+
+    def child_pids(self) -> list[int]:
+        """Every process the node started: runners and its download process."""
+        return [p.pid for p in self._children()]
+
+    def _children(self) -> list[psutil.Process]:
         try:
-            return [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
+            children = psutil.Process(self.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
+        alive = []
+        for child in children:
+            try:
+                child.cmdline()
+            except psutil.NoSuchProcess:
+                continue
+            alive.append(child)
+        return alive
 
     def log_text(self) -> str:
         return (self.data_dir / "node.log").read_text(errors="replace")
@@ -89,7 +106,7 @@ async def run_trexo(
 
 async def stop(node: TrexoProcess, sig: int = signal.SIGTERM) -> None:
     """Signal the node, wait (bounded), then kill it and anything it left behind."""
-    leftovers = node.runner_pids()
+    leftovers = node.child_pids()
     if node.process.returncode is None:
         node.process.send_signal(sig)
         with trio.move_on_after(STOP_TIMEOUT_S):

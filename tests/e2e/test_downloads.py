@@ -25,8 +25,9 @@ MESSAGES = [{"role": "user", "content": "What is a generator?"}]
 MAX_TOKENS = 16
 TIMEOUT_S = 90.0
 """Generous: catches hangs only."""
-SLOW_RATE = 600_000
-"""Bytes per second: the 3.5 MB model takes ~6 s, long enough to act midway."""
+SLOW_RATE = 400_000
+"""Bytes per second of the hub's link: the 3.5 MB model takes ~9 s, long enough to act
+midway."""
 CANCEL_BOUND_S = 5.0
 """Generous bound on a download process's end once nothing needs it (aim: within a second)."""
 BLOCKS_0 = "model-blocks-0.safetensors"
@@ -191,26 +192,27 @@ async def test_a_node_killed_mid_download_resumes_where_it_stopped(
         node = await cluster.add("--no-model", "-q", env=hub_env(hub, cache))
         await cluster.wait_converged(expect_nodes=1)
         await place(cluster, node, {"model": TIED})
-        await wait_download(cluster, node, node, TIED, lambda p: p["done_bytes"] > 1_500_000)
+        await wait_download(cluster, node, node, TIED, lambda p: p["done_bytes"] > 500_000)
         (worker,) = download_pids(node)
         assert node.process is not None
         os.kill(node.process.pid, signal.SIGKILL)
         with trio.fail_after(CANCEL_BOUND_S):  # its download process goes with it (EOF)
             while psutil.pid_exists(worker) and psutil.Process(worker).status() != "zombie":
                 await trio.sleep(0.02)
-        partials = list(cache.glob("*/blobs/*.incomplete"))
-        assert len(partials) == 1 and partials[0].stat().st_size > 0
-        kept, etag = partials[0].stat().st_size, partials[0].name.split(".")[0]
+        # Files are fetched a few at a time: each one under way left its partial file.
+        kept = {p.name.split(".")[0]: p.stat().st_size for p in cache.glob("*/blobs/*.incomplete")}
+        assert kept and sum(kept.values()) > 0
         await cluster.stop(node)
         hub.rate = None
         await cluster.start(node)
         await cluster.wait_converged(expect_nodes=1)
         await place(cluster, node, {"model": TIED})
         await wait_serving(node, TIED)
-    interrupted = next(f for f in hub.repos[TIED].files.values() if f.etag == etag)
-    assert hub.ranges(TIED, interrupted.name) == ["", f"bytes={kept}-"]
-    (blob,) = cache.glob(f"*/blobs/{etag}")
-    assert hashlib.sha256(blob.read_bytes()).hexdigest() == interrupted.sha256
+    for file in hub.repos[TIED].files.values():
+        if kept.get(file.etag, 0) > 0:  # asked for again from where it stopped, and right
+            assert hub.ranges(TIED, file.name) == ["", f"bytes={kept[file.etag]}-"]
+            (blob,) = cache.glob(f"*/blobs/{file.etag}")
+            assert hashlib.sha256(blob.read_bytes()).hexdigest() == file.sha256
 
 
 async def test_a_download_keeps_going_through_a_master_failover(
@@ -231,9 +233,10 @@ async def test_a_download_keeps_going_through_a_master_failover(
         assert master.process is not None
         os.kill(master.process.pid, signal.SIGKILL)
         await wait_serving(follower, TIED)
-        # The same download process ran on to the end: no weight file was asked for twice
-        # (the master had fetched only the config and index, to resolve the name).
-        assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == "zombie"
+        # The same download process ran on to the end (and waits for the next job): no
+        # weight file was asked for twice (the master fetched only the config and index, to
+        # resolve the name).
+        assert download_pids(follower) == [worker]
         weights = [f for f in hub.downloads(TIED) if f.endswith(".safetensors")]
         assert sorted(weights) == sorted(set(weights)) and len(weights) == 3
         assert all(hub.ranges(TIED, f) == [""] for f in weights)

@@ -8,8 +8,9 @@
 - errors as the hub sends them: an unknown repository is 401 with `X-Error-Code: RepoNotFound`,
   a gated one 401 with `X-Error-Code: GatedRepo` unless the request has the token.
 
-Knobs for tests: `rate` (bytes per second per response), `unavailable` (answer 503), and a
-log of every request. Threads, not trio: the nodes under test are other processes.
+Knobs for tests: `rate` (bytes per second of the hub's link, shared by every response),
+`unavailable` (answer 503), and a log of every request. Threads, not trio: the nodes under
+test are other processes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -91,7 +93,7 @@ def hub_repo(repo_id: str, directory: Path, *, gated: bool = False) -> HubRepo:
 class FakeHub:
     repos: dict[str, HubRepo] = attrs.field(factory=dict)
     rate: float | None = None
-    """Bytes per second each file response is sent at (None: as fast as possible)."""
+    """Bytes per second of the hub's link, shared by all responses (None: no limit)."""
     unavailable: bool = False
     """Answer every request with 503 (a hub that is down)."""
     token: str = "hf_test_token"
@@ -99,6 +101,22 @@ class FakeHub:
     requests: list[tuple[str, str, str]] = attrs.field(factory=list)
     """(method, path, Range header or "") of every request, in order."""
     url: str = ""
+
+    _link_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    _link_free_at: float = 0.0
+
+    def wait_for_link(self, size: int) -> None:
+        """Sleep until `size` more bytes fit the link's `rate`, shared by every response (as
+        one network link is)."""
+        rate = self.rate
+        if not rate:
+            return
+        with self._link_lock:
+            now = time.monotonic()
+            start = max(now, self._link_free_at)
+            self._link_free_at = start + size / rate
+        if start > now:
+            time.sleep(start - now)
 
     def add(self, repo_id: str, directory: Path, *, gated: bool = False) -> HubRepo:
         repo = hub_repo(repo_id, directory, gated=gated)
@@ -221,20 +239,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(file.path, start)
 
     def _stream(self, path: Path, start: int) -> None:
-        rate = self.server.hub.rate
+        hub = self.server.hub
         with path.open("rb") as f:
             f.seek(start)
-            began, sent = time.monotonic(), 0
             while chunk := f.read(SEND_CHUNK):
+                hub.wait_for_link(len(chunk))
                 try:
                     self.wfile.write(chunk)
                 except OSError:  # the client went away
                     return
-                sent += len(chunk)
-                if rate:
-                    ahead = sent / rate - (time.monotonic() - began)
-                    if ahead > 0:
-                        time.sleep(ahead)
 
     def _error(self, status: int, code: str | None, message: str) -> None:
         headers = {"Content-Type": "application/json", "X-Error-Message": message}
@@ -258,6 +271,10 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, hub: FakeHub) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.hub = hub
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that left: usual
+            super().handle_error(request, client_address)
 
 
 @contextmanager

@@ -2,12 +2,13 @@
 
 `await downloads.fetch(model, shard)` returns the snapshot directory once it holds what the
 runner of `shard` needs. A model whose files are on disk already costs a look at the cache.
-Otherwise a download job runs in this service's nursery, in its own process
-(`trexo.hub.worker`): callers that want the same model and shard share the job; when the
-last of them stops waiting (its instance was deleted) the process is ended at once, and
-what it fetched stays for the next job to resume. Jobs of one repository run one at a
-time. A failure that may pass (network down) is retried with backoff for as long as
-someone waits; one that cannot (unknown repo, gated, no disk space, offline) is raised.
+Otherwise a download job runs in this service's nursery, in a download process
+(`trexo.hub.worker`; one that finished a job waits for the next, so its start is paid
+once): callers that want the same model and shard share the job; when the last of them
+stops waiting (its instance was deleted) the process is ended at once, and what it fetched
+stays for the next job to resume. Jobs of one repository run one at a time. A failure that
+may pass (network down) is retried with backoff for as long as someone waits; one that
+cannot (unknown repo, gated, no disk space, offline) is raised.
 
 Progress goes out as `DownloadReport` facts on `facts` (the session's Worker sends them to
 the master), at most every `report_interval` seconds and at every change of phase.
@@ -20,7 +21,6 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 
@@ -79,6 +79,8 @@ class Downloads:
         self._changed = trio.Event()
         self._facts_send, self.facts = trio.open_memory_channel[LocalEvent](math.inf)
         self._nursery: trio.Nursery | None = None
+        self._idle: list[_Helper] = []
+        """At most one download process waiting for a job, its start already paid."""
 
     @property
     def config(self) -> HubConfig:
@@ -196,6 +198,7 @@ class Downloads:
             return
 
     async def _run_process(self, job: _Job) -> Path:
+        """Run `job` in an idle download process (or a new one); the snapshot directory."""
         config = self._config
         fetch = FetchJob(
             repo_id=job.revision.repo_id,
@@ -209,20 +212,56 @@ class Downloads:
             disk_margin=config.disk_margin,
             request_timeout=config.request_timeout,
         )
-        command = [sys.executable, "-m", WORKER_MODULE, wire.to_json(fetch, FetchJob).decode()]
-        # huggingface_hub reads its endpoint from the environment when it is imported.
-        env = {**os.environ, "HF_ENDPOINT": config.endpoint}
-        self._log_dir.mkdir(parents=True, exist_ok=True)
+        helper = self._idle.pop() if self._idle else await self._start_helper()
         meter = RateMeter(config.rate_window)
         outcome: FetchDone | FetchFailed | None = None
-        with (self._log_dir / DOWNLOAD_LOG).open("ab") as stderr:
+        try:
+            await helper.stdin.send_all(wire.to_json(fetch, FetchJob) + b"\n")
+            while outcome is None and (line := await helper.lines.next()) is not None:
+                event = _decode(line)
+                if event is not None:
+                    outcome = self._on_event(job.model.model_id, event, meter)
+        except trio.BrokenResourceError:
+            pass  # it died before it read the job: no outcome
+        finally:
+            # Mid-job (a cancel, a death): end it; nothing else may use it. Else keep one.
+            if outcome is not None and not self._idle:
+                self._idle.append(helper)
+            else:
+                helper.scope.cancel()
+        match outcome:
+            case FetchDone(snapshot=snapshot):
+                return Path(snapshot)
+            case FetchFailed(error=name, message=message):
+                raise HUB_ERRORS.get(name, DownloadCrashed)(message)
+        raise DownloadCrashed(
+            f"the download process of {job.model.model_id} ended "
+            f"({helper.process.returncode}) before it finished"
+        )
+
+    async def _start_helper(self) -> _Helper:
+        if self._nursery is None:
+            raise RuntimeError("the downloads service is not running")
+        helper: _Helper = await self._nursery.start(self._keep_helper)
+        return helper
+
+    async def _keep_helper(self, *, task_status: trio.TaskStatus[_Helper]) -> None:
+        """One download process, from its start until it ends (its scope is cancelled, or
+        it exits at EOF on its stdin); always reaped."""
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        # huggingface_hub reads its endpoint from the environment when it is imported.
+        env = {**os.environ, "HF_ENDPOINT": self._config.endpoint}
+        with (
+            trio.CancelScope() as scope,
+            (self._log_dir / DOWNLOAD_LOG).open("ab") as stderr,
+        ):
             async with trio.open_nursery() as nursery:
                 process: trio.Process = await nursery.start(
                     partial(
                         trio.run_process,
-                        command,
-                        # Never written: its end closes when this process dies, and the
-                        # download process exits at that EOF (no orphan keeps fetching).
+                        [sys.executable, "-m", WORKER_MODULE],
+                        # Jobs go in here. When this node dies the pipe closes, and the
+                        # download process exits at that EOF: no orphan keeps fetching.
                         stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
                         stderr=stderr,
@@ -231,20 +270,8 @@ class Downloads:
                         deliver_cancel=self._stop_process,
                     )
                 )
-                assert process.stdout is not None
-                async for line in _lines(process.stdout):
-                    event = _decode(line)
-                    if event is not None:
-                        outcome = self._on_event(job.model.model_id, event, meter) or outcome
-        match outcome:
-            case FetchDone(snapshot=snapshot):
-                return Path(snapshot)
-            case FetchFailed(error=name, message=message):
-                raise HUB_ERRORS.get(name, DownloadCrashed)(message)
-        raise DownloadCrashed(
-            f"the download process of {job.model.model_id} ended with exit code "
-            f"{process.returncode} and no result"
-        )
+                assert process.stdin is not None and process.stdout is not None
+                task_status.started(_Helper(process, process.stdin, _Lines(process.stdout), scope))
 
     async def _stop_process(self, process: trio.Process) -> None:
         process.terminate()
@@ -292,17 +319,37 @@ class Downloads:
             self._facts_send.send_nowait(DownloadReport(self._node_id, updated))
 
 
-async def _lines(stream: trio.abc.ReceiveStream) -> AsyncIterator[bytes]:
-    """Newline-ended lines of `stream` until EOF; an overlong line is cut off and dropped."""
-    buffer = bytearray()
-    while chunk := await stream.receive_some():
-        buffer += chunk
-        while (end := buffer.find(b"\n")) >= 0:
-            yield bytes(buffer[:end])
-            del buffer[: end + 1]
-        if len(buffer) > MAX_FRAME_BYTES:
-            log.warning("download process wrote a line over %d bytes: dropped", MAX_FRAME_BYTES)
-            buffer.clear()
+class _Lines:
+    """Newline-ended lines of a byte stream; an overlong line is dropped."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+
+    async def next(self) -> bytes | None:
+        """The next line; None at EOF."""
+        while (end := self._buffer.find(b"\n")) < 0:
+            chunk = await self._stream.receive_some()
+            if not chunk:
+                return None
+            self._buffer += chunk
+            if len(self._buffer) > MAX_FRAME_BYTES:
+                log.warning("download process wrote a line over %d bytes: dropped", MAX_FRAME_BYTES)
+                self._buffer.clear()
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        return line
+
+
+@attrs.define(eq=False)
+class _Helper:
+    """A started download process, taking one job at a time."""
+
+    process: trio.Process
+    stdin: trio.abc.SendStream
+    lines: _Lines
+    scope: trio.CancelScope
+    """Its owner's: cancelling it ends the process (SIGTERM, then SIGKILL)."""
 
 
 def _decode(line: bytes) -> FetchEvent | None:

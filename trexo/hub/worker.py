@@ -1,21 +1,26 @@
-"""The download process: `python -m trexo.hub.worker JOB_JSON`, one `FetchJob` per process.
+"""The download process: `python -m trexo.hub.worker`, `FetchJob`s in, `FetchEvent`s out.
 
-It lists the repository (or, offline, the cache), fetches the small files, picks the weight
-files the job's shard needs by the weight index, refuses up front if they cannot fit the
-disk, then fetches them one by one, writing `FetchEvent`s to stdout as JSON lines. A node
-stops a download no one needs any more by ending this process; what it fetched stays, and
-the next process resumes. Its environment carries `HF_TOKEN` and `HF_ENDPOINT`, read by
-huggingface_hub at import, and never written anywhere.
+Jobs arrive one at a time as JSON lines on stdin. For each it lists the repository (or,
+offline, the cache), picks the files the job's shard needs (for a pipeline rank, by the
+weight index), refuses up front if they cannot fit the disk, then fetches them (a few at a
+time), writing `FetchEvent`s to stdout as JSON lines, the last one `FetchDone` or
+`FetchFailed`. The process stays for the next job, so a node pays for its start (the
+interpreter and huggingface_hub: ~0.5 s here) once. A node stops a download no one needs
+any more by ending the process; what it fetched stays, and the next job resumes it. EOF on
+stdin (the node closed it, or died) ends the process at once. Its environment carries
+`HF_TOKEN` and `HF_ENDPOINT`, read by huggingface_hub at import, and never written anywhere.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from trexo import wire
@@ -24,9 +29,9 @@ from trexo.hub.cache import RepoCache
 from trexo.hub.fetch import fetch_file
 from trexo.hub.files import (
     CONFIG_FILE,
+    WEIGHT_INDEX,
     RepoFile,
     files_for_shard,
-    is_small_file,
     is_weight_file,
 )
 from trexo.hub.listing import list_cached, list_remote
@@ -43,33 +48,45 @@ from trexo.types.shard import ShardSpec
 from trexo.units import format_bytes
 
 EXIT_PARENT_GONE = 3
+"""How the process ends: at EOF on stdin, skipping interpreter teardown (threads may still
+be reading from the network or stdin)."""
+
+
+PARALLEL_FILES = 4
+"""Weight files fetched at once (huggingface_hub's `snapshot_download` uses 8 threads)."""
+_emit_lock = threading.Lock()
 
 
 def _emit(event: FetchEvent) -> None:
-    sys.stdout.buffer.write(wire.to_json(event, FetchEvent) + b"\n")
-    sys.stdout.buffer.flush()
+    with _emit_lock:
+        sys.stdout.buffer.write(wire.to_json(event, FetchEvent) + b"\n")
+        sys.stdout.buffer.flush()
 
 
 class _Progress:
-    """Counts bytes and tells the node, at most every `interval` seconds."""
+    """Counts bytes from any thread and tells the node, at most every `interval` seconds."""
 
     def __init__(self, done: int, interval: float) -> None:
         self.done = done
         self._interval = interval
         self._told_at = 0.0
         self._told = done
+        self._lock = threading.Lock()
 
     def add(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if now - self._told_at >= self._interval:
-            self.tell(now)
+        with self._lock:
+            self.done += n
+            due = time.monotonic() - self._told_at >= self._interval
+        if due:
+            self.tell()
 
-    def tell(self, now: float | None = None) -> None:
-        if self.done != self._told:
-            self._told_at = time.monotonic() if now is None else now
-            self._told = self.done
-            _emit(FetchProgress(self.done))
+    def tell(self) -> None:
+        with self._lock:
+            if self.done == self._told:
+                return
+            self._told_at = time.monotonic()
+            self._told = done = self.done
+        _emit(FetchProgress(done))
 
 
 def run(job: FetchJob) -> FetchDone:
@@ -85,11 +102,13 @@ def run(job: FetchJob) -> FetchDone:
         raise NotAModel(f"{job.repo_id} has no {CONFIG_FILE}: it is not an mlx-lm model")
     if not any(is_weight_file(f.name) for f in listing.files):
         raise NotAModel(f"{job.repo_id} has no .safetensors weights for mlx-lm")
-    for file in listing.files:
-        if is_small_file(file.name):  # the index among them, which the choice below reads
-            _fetch(job, cache, commit, file, lambda _: None)
+    needs_index = not (shard.is_whole or shard.sharding == "tensor")
+    index_file = listing.file(WEIGHT_INDEX)
+    if needs_index and index_file is not None:  # it says which weight files this shard needs
+        _fetch(job, cache, commit, index_file, lambda _: None)
     try:
-        wanted = files_for_shard(listing.files, read_index(cache, commit), shard)
+        index = read_index(cache, commit) if needs_index else None
+        wanted = files_for_shard(listing.files, index, shard)
     except ValueError as exc:
         raise NotAModel(f"{job.repo_id}: {exc}") from exc
     done = sum(_on_disk(cache, commit, f) for f in wanted)
@@ -97,9 +116,10 @@ def run(job: FetchJob) -> FetchDone:
     _emit(FetchPlanned(commit, tuple(f.name for f in wanted), total, done))
     _check_space(cache, total - done, job.disk_margin)
     progress = _Progress(done, job.progress_interval)
-    for file in wanted:
-        _fetch(job, cache, commit, file, progress.add)
-        progress.tell()
+    with ThreadPoolExecutor(PARALLEL_FILES, thread_name_prefix="fetch") as pool:
+        for fetched in [pool.submit(_fetch, job, cache, commit, f, progress.add) for f in wanted]:
+            fetched.result()  # the first failure is raised; `with` waits for the others
+            progress.tell()
     cache.record_ref(job.revision, commit)
     return FetchDone(commit, str(cache.snapshot(commit)))
 
@@ -145,26 +165,23 @@ def _check_space(cache: RepoCache, needed: int, margin: int) -> None:
         )
 
 
-def _exit_when_parent_goes() -> None:
-    """Read stdin until EOF: the node that started us closed it, or died."""
-    while sys.stdin.buffer.read(4096):
-        pass
+def _read_jobs(jobs: queue.SimpleQueue[bytes]) -> None:
+    """Stdin's lines to `jobs`; at EOF (the node closed it, or died) end the process."""
+    for line in sys.stdin.buffer:
+        jobs.put(line)
     os._exit(EXIT_PARENT_GONE)
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m trexo.hub.worker JOB_JSON", file=sys.stderr)
-        return 2
-    job: FetchJob = wire.from_json(argv[1], FetchJob)
-    threading.Thread(target=_exit_when_parent_goes, name="parent-watch", daemon=True).start()
-    try:
-        _emit(run(job))
-    except HubError as exc:
-        _emit(FetchFailed(type(exc).__name__, str(exc)))
-        return 1
-    return 0
+def main() -> None:
+    jobs: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+    threading.Thread(target=_read_jobs, args=(jobs,), name="jobs", daemon=True).start()
+    while True:
+        job: FetchJob = wire.from_json(jobs.get(), FetchJob)
+        try:
+            _emit(run(job))
+        except HubError as exc:
+            _emit(FetchFailed(type(exc).__name__, str(exc)))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    main()
