@@ -21,7 +21,7 @@ from trexo.api.admission import PromptBudget
 from trexo.config import TOKENIZER_CACHE_SIZE
 from trexo.errors import ModelNotFound
 from trexo.hub.cache import RepoCache
-from trexo.hub.files import CONFIG_FILE
+from trexo.hub.files import CONFIG_FILE, TOKENIZER_CONFIG
 from trexo.types.generation import GenerationRequest
 from trexo.types.models import ModelRef
 
@@ -50,12 +50,18 @@ def _local_dir(model: ModelRef, models_dir: Path, hub_cache: Path) -> Path | Non
     """Where this node has the model's tokenizer and config, if it has them."""
     revision = model.hub_revision
     if revision is not None:
+        # A download puts the tokenizer's config into the snapshot after every other file.
         snapshot = RepoCache(hub_cache, revision.repo_id).snapshot(revision.commit)
-        return snapshot if (snapshot / CONFIG_FILE).is_file() else None
+        ready = all((snapshot / name).is_file() for name in (CONFIG_FILE, TOKENIZER_CONFIG))
+        return snapshot if ready else None
     try:
         return catalog.model_dir(model, models_dir)
     except ModelNotFound:
         return None
+
+
+def _key(model: ModelRef) -> str:
+    return f"{model.model_id}\0{model.source}"
 
 
 def _count(tokenizer: Any, request: GenerationRequest) -> int:
@@ -79,11 +85,18 @@ class PromptCounter:
         loaded = await self._tokenizer(model)
         if loaded is None:
             return None
-        count = await trio.to_thread.run_sync(_count, loaded.tokenizer, request)
+        try:
+            count = await trio.to_thread.run_sync(_count, loaded.tokenizer, request)
+        except Exception as exc:
+            # The runner, which holds the model, is the authority: it refuses what cannot
+            # be encoded with a 400. Forget this tokenizer in case it was loaded wrong.
+            log.warning("could not count the prompt for %s here (%s)", model.model_id, exc)
+            self._cache.pop(_key(model), None)
+            return None
         return PromptBudget(count, loaded.context)
 
     async def _tokenizer(self, model: ModelRef) -> _Tokenizer | None:
-        key = f"{model.model_id}\0{model.source}"
+        key = _key(model)
         async with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)

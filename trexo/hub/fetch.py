@@ -34,8 +34,10 @@ def fetch_file(
     endpoint: str,
     on_bytes: BytesCallback,
     chunk_bytes: int,
+    link: bool = True,
 ) -> None:
-    """Make the snapshot of `commit` hold `file`, downloading what is missing of it.
+    """Make the blob of `file` complete and checked, downloading what is missing of it, and
+    (with `link`) make the snapshot of `commit` hold it (`link_file` does that later).
 
     `on_bytes(n)` is called as n more bytes arrive. Raises a `HubError` (`CorruptDownload`
     after a mismatch, having removed the bad bytes so that the next attempt starts clean).
@@ -50,7 +52,14 @@ def fetch_file(
     with FileLock(cache.lock(etag)):
         if not _complete(blob, file.size):
             _download(cache, commit, file, etag, endpoint, on_bytes, chunk_bytes)
-        cache.link(commit, file.name, etag)
+        if link:
+            cache.link(commit, file.name, etag)
+
+
+def link_file(cache: RepoCache, commit: str, file: RepoFile) -> None:
+    """Make the snapshot of `commit` hold `file`, whose blob `fetch_file` completed."""
+    if file.etag is not None and not cache.has(commit, file.name, file.size):
+        cache.link(commit, file.name, file.etag)
 
 
 def _complete(path: Path, size: int) -> bool:

@@ -21,6 +21,7 @@ from trexo.types.shard import ShardSpec
 WEIGHT_SUFFIX = ".safetensors"
 WEIGHT_INDEX = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
 SMALL_FILE_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
 """Config, tokenizer (`tokenizer.json`, `merges.txt`, sentencepiece `.model`, tiktoken),
 chat templates. Everything else (README, images, PyTorch or GGUF weights) is not fetched."""

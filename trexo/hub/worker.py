@@ -26,9 +26,10 @@ from pathlib import Path
 from trexo import wire
 from trexo.errors import HubError, NoDiskSpace, NotAModel, NotOnDisk
 from trexo.hub.cache import RepoCache
-from trexo.hub.fetch import fetch_file
+from trexo.hub.fetch import fetch_file, link_file
 from trexo.hub.files import (
     CONFIG_FILE,
+    TOKENIZER_CONFIG,
     WEIGHT_INDEX,
     RepoFile,
     files_for_shard,
@@ -106,6 +107,7 @@ def run(job: FetchJob) -> FetchDone:
     index_file = listing.file(WEIGHT_INDEX)
     if needs_index and index_file is not None:  # it says which weight files this shard needs
         _fetch(job, cache, commit, index_file, lambda _: None)
+        link_file(cache, commit, index_file)
     try:
         index = read_index(cache, commit) if needs_index else None
         wanted = files_for_shard(listing.files, index, shard)
@@ -120,6 +122,10 @@ def run(job: FetchJob) -> FetchDone:
         for fetched in [pool.submit(_fetch, job, cache, commit, f, progress.add) for f in wanted]:
             fetched.result()  # the first failure is raised; `with` waits for the others
             progress.tell()
+    # Into the snapshot only now, all together and the tokenizer's config last: a reader
+    # that finds it (the API's prompt counter) finds the whole tokenizer, not part of it.
+    for file in sorted(wanted, key=lambda f: f.name == TOKENIZER_CONFIG):
+        link_file(cache, commit, file)
     cache.record_ref(job.revision, commit)
     return FetchDone(commit, str(cache.snapshot(commit)))
 
@@ -128,7 +134,13 @@ def _fetch(
     job: FetchJob, cache: RepoCache, commit: str, file: RepoFile, on_bytes: Callable[[int], None]
 ) -> None:
     fetch_file(
-        cache, commit, file, endpoint=job.endpoint, on_bytes=on_bytes, chunk_bytes=job.chunk_bytes
+        cache,
+        commit,
+        file,
+        endpoint=job.endpoint,
+        on_bytes=on_bytes,
+        chunk_bytes=job.chunk_bytes,
+        link=False,
     )
 
 
