@@ -96,7 +96,12 @@ LOAD_TIMEOUT_S = 300.0
 """Upper bound on loading a model into a runner (bounds the wait, not the runner)."""
 DEFAULT_PREFILL_STEP_TOKENS = 256
 """Prompt tokens a runner prefills per step. A cancel (a client that left) takes effect
-between steps, so this bounds how long a cancelled long prompt keeps the runner busy."""
+between steps, so this bounds how long a cancelled long prompt keeps the runner busy; and
+the streams running beside a long prompt wait for one such chunk per step."""
+DEFAULT_MAX_BATCH = 16
+"""Generations a runner steps together; more wait in its queue (continuous batching)."""
+PROMPT_CACHE_BYTES = 512 * 1024 * 1024
+"""The runner's prompt cache (KV states of recent conversations) holds at most this much."""
 
 # --- split instances (one model across several nodes) ---------------------------------------
 
@@ -136,6 +141,8 @@ class RunnerConfig:
     group_idle_tick: float = GROUP_IDLE_TICK_S
     group_formation_timeout: float = GROUP_FORMATION_TIMEOUT_S
     group_rank_stagger: float = GROUP_RANK_STAGGER_S
+    max_batch: int = DEFAULT_MAX_BATCH
+    prompt_cache_bytes: int = PROMPT_CACHE_BYTES
 
     @property
     def stop_bound(self) -> float:

@@ -8,24 +8,23 @@ the flag its trio side sets. One generation at a time: seeding and the KV cache 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model, load_tokenizer
 
-from trexo.config import DEFAULT_PREFILL_STEP_TOKENS
+from trexo.config import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_STEP_TOKENS
+from trexo.engine.batch import BatchEngine
 from trexo.engine.prompt import encode_prompt, read_context_length
 from trexo.engine.sharding import Sampler, SamplerWrap, shard_model
-from trexo.engine.stops import StopMatcher
 from trexo.hub.files import WEIGHT_INDEX, missing_weight_files
-from trexo.types.chunks import Chunk, FinishReason, Usage
+from trexo.types.chunks import Chunk, Usage
 from trexo.types.generation import GenerationRequest, SamplingParams
-from trexo.types.ids import RequestId
 from trexo.types.shard import ShardSpec
 
 ProgressCallback = Callable[[float], None]
@@ -171,15 +170,40 @@ class Engine:
         """The prompt's token ids (`trexo.engine.prompt.encode_prompt`)."""
         return encode_prompt(self._tokenizer, request)
 
+    def admit(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt tokens, or `ValueError` saying why it cannot be served as is
+        (no tokens to generate, an empty prompt, more than the model's context)."""
+        params = request.params
+        if params.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, not {params.max_tokens}")
+        prompt = self.encode_prompt(request)
+        if not prompt:
+            raise ValueError("the prompt encodes to no tokens")
+        if self.context_length is not None:
+            check_fits(len(prompt), params.max_tokens, self.context_length)
+        return prompt
+
+    def batch(
+        self, *, max_batch: int = DEFAULT_MAX_BATCH, prompt_cache_bytes: int = 0
+    ) -> BatchEngine:
+        """A `BatchEngine` over this model: generations stepped together."""
+        return BatchEngine(
+            self._model,
+            self._tokenizer,
+            max_batch=max_batch,
+            prefill_step=self._prefill_step,
+            prompt_cache_bytes=prompt_cache_bytes,
+            share_tokens=self._share_tokens,
+        )
+
     def generate(
         self, request: GenerationRequest, should_stop: Callable[[], bool]
     ) -> Iterator[Chunk]:
-        """Stream the request's output: one chunk per generated token, the last one final.
+        """Stream one request's output alone: one chunk per generated token, the last final.
 
         The final chunk has `finish_reason` and `usage`: "stop" (EOS or a stop sequence),
         "length" (`max_tokens` reached) or "cancelled" (`should_stop()` turned true; it is
-        checked before every decode step, so at most the one token mlx-lm already computes
-        ahead is computed and discarded).
+        checked before every step, a decode step or a prefill chunk).
 
         Text is cut before a stop sequence, and text that might begin one is held back until it
         is known not to, so chunk texts never contain any part of a stop sequence occurrence.
@@ -191,84 +215,28 @@ class Engine:
         count (the model did produce them); it always equals the number of token ids over all
         chunks, whose last one is then the EOS. A cancelled generation counts what it delivered.
 
+        The same `BatchEngine` a runner steps many requests with, holding just this one.
         Invalid requests raise `ValueError` here, before the first chunk is asked for.
         """
-        params = request.params
-        if params.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, not {params.max_tokens}")
-        prompt = self.encode_prompt(request)
-        if not prompt:
-            raise ValueError("the prompt encodes to no tokens")
-        if self.context_length is not None:
-            check_fits(len(prompt), params.max_tokens, self.context_length)
-        return self._stream(request.request_id, prompt, params, should_stop)
+        prompt = self.admit(request)
+        return self._alone(request, prompt, should_stop)
 
-    def _stream(
-        self,
-        request_id: RequestId,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        should_stop: Callable[[], bool],
+    def _alone(
+        self, request: GenerationRequest, prompt: list[int], should_stop: Callable[[], bool]
     ) -> Iterator[Chunk]:
-        def final(text: str, token_ids: tuple[int, ...], reason: FinishReason) -> Chunk:
-            usage = Usage(prompt_tokens=len(prompt), completion_tokens=generated)
-            return Chunk(request_id, text, token_ids, finish_reason=reason, usage=usage)
-
-        generated = 0
+        rid = request.request_id
         if should_stop():
-            yield final("", (), "cancelled")
+            yield Chunk(rid, "", finish_reason="cancelled", usage=Usage(len(prompt), 0))
             return
-
-        def between_prefill_chunks(done: int, total: int) -> None:
-            # mlx-lm prefills in chunks of `prefill_step_size` and calls this after each:
-            # the one place a long prompt's prefill can be interrupted.
-            if done < total and should_stop():
-                raise _PrefillCancelled
-
-        if params.seed is not None:
-            mx.random.seed(params.seed)
-        matcher = StopMatcher(params.stop)
-        # Our own detokenizer, not the response's text, so that a cancelled generation can
-        # flush what the detokenizer holds back (a trailing space, an unfinished character).
-        detokenizer = self._tokenizer.detokenizer
-        responses = stream_generate(
-            self._model,
-            self._tokenizer,
-            mx.array(list(prompt)),
-            max_tokens=params.max_tokens,
-            sampler=self._sampler(params),
-            logits_processors=make_logits_processors(repetition_penalty=params.repetition_penalty),
-            prefill_step_size=self._prefill_step,
-            prompt_progress_callback=between_prefill_chunks,
-        )
-        try:
-            for response in responses:
-                generated = response.generation_tokens
-                token_ids = (int(response.token),)
-                # On "stop" the response's token is the EOS, which carries no text.
-                if response.finish_reason != "stop":
-                    detokenizer.add_token(response.token)
-                if response.finish_reason is not None:
-                    detokenizer.finalize()
-                released = matcher.feed(detokenizer.last_segment)
-                if released.stopped:
-                    yield final(released.text, token_ids, "stop")
+        batch = self.batch(max_batch=1)
+        batch.add(request, prompt)
+        while True:
+            if should_stop():
+                final = batch.remove(rid)
+                assert final is not None
+                yield final
+                return
+            for chunk in batch.step():
+                yield chunk
+                if chunk.finish_reason is not None:
                     return
-                if response.finish_reason is not None:
-                    reason: FinishReason = "stop" if response.finish_reason == "stop" else "length"
-                    yield final(released.text + matcher.flush(), token_ids, reason)
-                    return
-                yield Chunk(request_id, released.text, token_ids)
-                if should_stop():
-                    detokenizer.finalize()
-                    tail = matcher.feed(detokenizer.last_segment)
-                    text = tail.text if tail.stopped else tail.text + matcher.flush()
-                    yield final(text, (), "cancelled")
-                    return
-        except _PrefillCancelled:
-            yield final("", (), "cancelled")
-            return
-        finally:
-            # Closing stream_generate ends its generator steps and waits for pending compute.
-            responses.close()
-        raise RuntimeError("mlx-lm's stream_generate ended without a finish reason")

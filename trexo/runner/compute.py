@@ -1,16 +1,20 @@
-"""The runner's one compute thread: it owns the MLX engine and runs jobs in arrival order.
+"""The runner's one compute thread: it owns the MLX engine and steps every generation.
 
-MLX streams belong to the OS thread that created them, so loading and every decode step run
-on this single thread for the runner's whole life. The trio side talks to it through a
-queue (jobs in) and a `post` callback (messages out); a stop flag is checked between steps.
+MLX streams belong to the OS thread that created them, so loading and every step run on
+this single thread for the runner's whole life. The trio side talks to it through a queue
+(jobs in) and a `post` callback (messages out); a stop flag is checked between steps.
 
-A runner that is one rank of a split model (a `LoadModel` with a group) joins the group,
-loads its part, and from then on runs the generations rank 0 shares with the group, in step
-with every other rank (`trexo.runner.lockstep`). Only rank 0 takes requests and posts chunks.
+Generations are batched (`trexo.engine.batch`): between two steps new requests join and
+cancelled ones leave, and each step advances every one of them by a token (or a prompt
+chunk). A runner that is one rank of a split model (a `LoadModel` with a group) joins the
+group, loads its part, and from then on makes the same joins and leaves as every other rank,
+as rank 0 decides and shares them before each step (`trexo.runner.lockstep`). Only rank 0
+takes requests and posts chunks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import queue
@@ -47,6 +51,7 @@ from trexo.types.runner_status import (
 )
 
 if TYPE_CHECKING:
+    from trexo.engine.batch import BatchEngine
     from trexo.engine.engine import Engine
     from trexo.engine.sharding import GroupLink
 
@@ -102,6 +107,8 @@ class ComputeThread:
         self._pending: set[RequestId] = set()  # queued or running generations
         self._cancelled: set[RequestId] = set()
         self._engine: Engine | None = None
+        self._batch: BatchEngine | None = None
+        self._load_job: LoadModel | None = None
         self._thread = threading.Thread(target=self._loop, name="trexo-compute")
         self.watch = StallWatch()
         self.rank: int | None = None
@@ -163,19 +170,38 @@ class ComputeThread:
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                job = self._jobs.get()
-                if job is None:
-                    break
-                if isinstance(job, LoadModel) and job.group is not None:
-                    self._serve_group(job)  # for the rest of this runner's life
-                    break
-                if isinstance(job, LoadModel):
-                    self._load(job)
-                else:
-                    self._generate(job)
+                for job in self._next_jobs(block=self._batch is None or not self._batch):
+                    if isinstance(job, LoadModel) and job.group is not None:
+                        self._serve_group(job)  # for the rest of this runner's life
+                        return
+                    if isinstance(job, LoadModel):
+                        self._load(job)
+                    else:
+                        self._start(job)
+                if self._batch is not None and self._batch:
+                    self._cancel_requested()
+                    self._step()
+            # Stopped: what still runs ends as cancelled (its text so far is an answer).
+            for rid in self.active_requests():
+                if self._batch is not None and rid in self._batch:
+                    self._end(rid)
         finally:
+            self._batch = None
             self._engine = None  # drop the model's arrays on this thread
             self._on_end()
+
+    def _next_jobs(self, *, block: bool, timeout: float | None = None) -> list[Job]:
+        """The jobs queued now; with `block`, wait (up to `timeout`) for at least one. The stop
+        sentinel (None) ends the list: the stop flag is what counts."""
+        jobs: list[Job] = []
+        try:
+            job = self._jobs.get(timeout=timeout) if block else self._jobs.get_nowait()
+            while job is not None:
+                jobs.append(job)
+                job = self._jobs.get_nowait()
+        except queue.Empty:
+            pass
+        return jobs
 
     def _status(self, status: RunnerStatus) -> None:
         self._post(StatusReport(status))
@@ -192,6 +218,9 @@ class ComputeThread:
         )
 
     def _load(self, job: LoadModel) -> None:
+        if self._engine is not None:
+            log.warning("a model is loaded already: ignoring a second LoadModel")
+            return
         self._status(RunnerLoading(0.0))
         if self._hooks.load_delay:
             time.sleep(self._hooks.load_delay)
@@ -202,43 +231,92 @@ class ComputeThread:
             log.exception("loading %s failed", job.model_dir)
             self._status(RunnerFailed(f"load failed: {type(exc).__name__}: {exc}"))
             return
-        self._engine = engine
+        self._use(engine, job)
         log.info("model %s loaded", job.model_dir)
         self._status(RunnerReady())
 
+    def _use(self, engine: Engine, job: LoadModel) -> None:
+        self._engine = engine
+        self._load_job = job
+        self._batch = self._new_batch()
+
+    def _new_batch(self) -> BatchEngine:
+        assert self._engine is not None and self._load_job is not None
+        job = self._load_job
+        return self._engine.batch(
+            max_batch=job.max_batch, prompt_cache_bytes=job.prompt_cache_bytes
+        )
+
     def _should_stop(self, request_id: RequestId) -> bool:
-        if self._hooks.stop_check_delay:
-            time.sleep(self._hooks.stop_check_delay)
         return self._stop.is_set() or request_id in self._cancelled
 
-    def _generate(self, request: GenerationRequest) -> None:
+    def _start(self, request: GenerationRequest) -> bool:
+        """Let `request` join the batch at the next step; False if it did not (refused,
+        cancelled while queued, no model)."""
         rid = request.request_id
-        try:
-            if self._should_stop(rid):
-                # Cancelled while queued: it never reaches the engine, but ends the same way.
-                self._send_chunk(Chunk(rid, "", finish_reason="cancelled", usage=Usage(0, 0)))
-            elif self._engine is None:
-                self._post(RequestFailed(rid, "no model is loaded in this runner"))
-            else:
-                self._status(RunnerRunning(self._active()))
-                try:
-                    chunks = self._engine.generate(request, lambda: self._should_stop(rid))
-                except ValueError as exc:  # the request as it stands cannot be served
-                    log.info("generation %s refused: %s", rid, exc)
-                    self._post(RequestFailed(rid, str(exc), FailureKind.INVALID_REQUEST))
-                    return
-                for chunk in chunks:
-                    self._send_chunk(chunk)
-                    if chunk.finish_reason is None and self._hooks.step_delay:
-                        time.sleep(self._hooks.step_delay)
-        except Exception as exc:
-            log.exception("generation %s failed", rid)
-            self._post(RequestFailed(rid, f"{type(exc).__name__}: {exc}"))
-        finally:
+        if self._should_stop(rid):
+            # Cancelled while queued: it never reaches the engine, but ends the same way.
+            self._send_chunk(Chunk(rid, "", finish_reason="cancelled", usage=Usage(0, 0)))
             self._forget(rid)
-            if self._engine is not None:
-                active = self._active()
-                self._status(RunnerRunning(active) if active else RunnerReady())
+            return False
+        if self._engine is None or self._batch is None:
+            self._post(RequestFailed(rid, "no model is loaded in this runner"))
+            self._forget(rid)
+            return False
+        try:
+            self._batch.add(request, self._engine.admit(request))
+        except ValueError as exc:  # the request as it stands cannot be served
+            log.info("generation %s refused: %s", rid, exc)
+            self._post(RequestFailed(rid, str(exc), FailureKind.INVALID_REQUEST))
+            self._forget(rid)
+            return False
+        self._status(RunnerRunning(len(self._batch)))
+        return True
+
+    def _cancel_requested(self) -> None:
+        """End the running generations whose cancel came in since the last step."""
+        if self._hooks.stop_check_delay:
+            time.sleep(self._hooks.stop_check_delay)
+        with self._lock:
+            cancelled = list(self._cancelled)
+        for rid in cancelled:
+            self._end(rid)
+
+    def _end(self, request_id: RequestId) -> None:
+        assert self._batch is not None
+        final = self._batch.remove(request_id)
+        if final is not None:
+            self._send_chunk(final)
+            self._finished(request_id)
+
+    def _step(self) -> None:
+        """One step of every running generation; their chunks go to the parent."""
+        assert self._batch is not None
+        try:
+            chunks = self._batch.step()
+        except Exception as exc:
+            # Whatever broke, the batch's state is unknown: fail what ran in it, start anew.
+            log.exception("a generation step failed")
+            for rid in self.active_requests():
+                self._post(RequestFailed(rid, f"{type(exc).__name__}: {exc}"))
+                self._forget(rid)
+            self._batch = self._new_batch()
+            self._status(RunnerReady())
+            return
+        self._deliver(chunks)
+        if self._hooks.step_delay and self._batch:
+            time.sleep(self._hooks.step_delay)
+
+    def _deliver(self, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            self._send_chunk(chunk)
+            if chunk.finish_reason is not None:
+                self._finished(chunk.request_id)
+
+    def _finished(self, request_id: RequestId) -> None:
+        self._forget(request_id)
+        running = len(self._batch) if self._batch is not None else 0
+        self._status(RunnerRunning(running) if running else RunnerReady())
 
     def _send_chunk(self, chunk: Chunk) -> None:
         """Post `chunk`; a final one is logged, whichever path ended the generation."""
@@ -250,10 +328,6 @@ class ComputeThread:
                 chunk.finish_reason,
                 chunk.usage,
             )
-
-    def _active(self) -> int:
-        with self._lock:
-            return len(self._pending)
 
     def _forget(self, request_id: RequestId) -> None:
         with self._lock:
@@ -289,9 +363,11 @@ class ComputeThread:
         except GroupBroken as exc:
             log.error("rank %d: rank group broken: %s", link.rank, exc)
             self._end_by_itself(EXIT_GROUP_BROKEN)
+            self._fail_all(f"rank group broken: {exc}")
         except _GroupEnding:
             log.info("rank %d: a rank is leaving; the group ends", link.rank)
             self._end_by_itself(EXIT_GROUP_BROKEN)
+            self._fail_all(GROUP_ENDING)
 
     def _end_by_itself(self, exit_code: int) -> None:
         """Record why the loop ends, unless our parent stopped us (then it ends cleanly).
@@ -339,22 +415,34 @@ class ComputeThread:
         # load timeout bounds it). From here on every rank does the same, step by step.
         link.barrier()
         engine.warmup()
-        self._engine = engine
+        self._use(engine, job)
         log.info("rank %d: model %s loaded (%s)", link.rank, job.model_dir, job.shard)
         self._status(RunnerReady())
 
     def _lead(self, link: GroupLink, idle_tick: float) -> None:
-        """Rank 0: take the next request (or none, after `idle_tick`) and share it."""
+        """Rank 0: gather what joins and leaves the batch, share it, step with everyone.
+
+        With nothing running it waits up to `idle_tick` for a request, and shares an idle
+        step even if none came, so every rank's wait stays short (see `StallWatch`)."""
+        assert self._batch is not None
         while True:
-            self.watch.rest()
-            request = self._next_request(idle_tick)
-            step = GroupStep(start=(_seeded(request),)) if request is not None else GroupStep()
-            self._run_step(link, self._share_step(link, step))
+            idle = not self._batch
+            if idle:
+                self.watch.rest()
+            jobs = self._next_jobs(block=idle, timeout=idle_tick)
+            if self._hooks.stop_check_delay:
+                time.sleep(self._hooks.stop_check_delay)
+            with self._lock:
+                cancelled = tuple(sorted(rid for rid in self._cancelled if rid in self._batch))
+            start = tuple(_seeded(job) for job in jobs if isinstance(job, GenerationRequest))
+            if any(isinstance(job, LoadModel) for job in jobs):
+                log.warning("already serving a rank group: ignoring a second LoadModel")
+            self._group_step(link, self._share_step(link, GroupStep(start, cancelled)))
 
     def _follow(self, link: GroupLink) -> None:
         """Rank > 0: do what rank 0 shares, until the group ends."""
         while True:
-            self._run_step(link, self._share_step(link, GroupStep()))
+            self._group_step(link, self._share_step(link, GroupStep()))
 
     def _share_step(self, link: GroupLink, step: GroupStep) -> GroupStep:
         """Rank 0's `step`, on every rank; `_GroupEnding` if a rank is leaving."""
@@ -364,81 +452,62 @@ class ComputeThread:
         if leaving:
             for request in step.start:  # rank 0's, taken from its queue but never started
                 self._post(RequestFailed(request.request_id, GROUP_ENDING, GROUP_FAILURE))
+                self._forget(request.request_id)
             raise _GroupEnding
         try:
             return decode_step(data)
         except StepUndecodable as exc:
             raise GroupBroken(f"rank 0 shared an undecodable step: {exc}") from exc
 
-    def _run_step(self, link: GroupLink, step: GroupStep) -> None:
-        for request in step.start:
-            self._generate_in_group(request, link)
+    def _group_step(self, link: GroupLink, step: GroupStep) -> None:
+        """Apply rank 0's joins and leaves, then one step of the batch, as every rank does.
 
-    def _next_request(self, timeout: float) -> GenerationRequest | None:
-        try:
-            job = self._jobs.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if isinstance(job, LoadModel):
-            log.warning("already serving a rank group: ignoring a second LoadModel")
-            return None
-        return job  # None too: the stop sentinel (the stop flag is what counts)
-
-    def _generate_in_group(self, request: GenerationRequest, link: GroupLink) -> None:
-        """Run `request` in step with every rank; any failure breaks the group."""
+        A refused request is refused on every rank alike (the same check of the same
+        prompt). Any other failure leaves this rank out of step with the others: the group
+        is broken, and every request in flight fails with it.
+        """
         from trexo.engine.sharding import GroupBroken
 
-        assert self._engine is not None
-        rid = request.request_id
-        self._status(RunnerRunning(1))
+        assert self._batch is not None
+        lead = link.is_lead
         try:
-            try:
-                chunks = self._engine.generate(request, lambda: self._group_should_stop(rid, link))
-            except ValueError as exc:  # the same on every rank: nobody starts it
-                if link.is_lead:
-                    log.info("generation %s refused: %s", rid, exc)
-                    self._post(RequestFailed(rid, str(exc), FailureKind.INVALID_REQUEST))
-                self._status(RunnerReady())
+            for request in step.start:
+                if lead:
+                    self._start(request)
+                else:
+                    self._add_silently(request)
+            for rid in step.cancel:
+                final = self._batch.remove(rid)
+                if lead and final is not None:
+                    self._send_chunk(final)
+                    self._finished(rid)
+            if not self._batch:
                 return
-            for chunk in chunks:
-                if link.is_lead:
-                    self._send_chunk(chunk)
-                if chunk.finish_reason is None and self._hooks.step_delay:
-                    time.sleep(self._hooks.step_delay)
-        except _GroupEnding:
-            if link.is_lead:
-                self._post(RequestFailed(rid, GROUP_ENDING, GROUP_FAILURE))
-            raise
-        except GroupBroken as exc:
-            if link.is_lead:
-                self._post(RequestFailed(rid, f"rank group broken: {exc}", GROUP_FAILURE))
+            chunks = self._batch.step()
+            if lead:
+                self._deliver(chunks)
+            if self._hooks.step_delay and self._batch:
+                time.sleep(self._hooks.step_delay)
+        except (_GroupEnding, GroupBroken):
             raise
         except Exception as exc:
             # A rank that failed alone is out of step with the others: the group is broken.
-            log.exception("rank %d: generation %s failed", link.rank, rid)
-            broken = f"{type(exc).__name__}: {exc}"
-            if link.is_lead:
-                self._post(RequestFailed(rid, f"rank group broken: {broken}", GROUP_FAILURE))
-            raise GroupBroken(broken) from exc
-        finally:
+            log.exception("rank %d: a generation step failed", link.rank)
+            raise GroupBroken(f"{type(exc).__name__}: {exc}") from exc
+
+    def _add_silently(self, request: GenerationRequest) -> None:
+        """A rank > 0 adds what rank 0 added (it refuses alike, and says nothing)."""
+        assert self._engine is not None and self._batch is not None
+        with contextlib.suppress(ValueError):
+            self._batch.add(request, self._engine.admit(request))
+
+    def _fail_all(self, message: str) -> None:
+        """Rank 0: every generation queued or in flight fails with `message`, retryably."""
+        if self.rank:
+            return
+        for rid in self.active_requests():
+            self._post(RequestFailed(rid, message, GROUP_FAILURE))
             self._forget(rid)
-        self._status(RunnerReady())
-
-    def _group_should_stop(self, request_id: RequestId, link: GroupLink) -> bool:
-        """Rank 0's stop decision, the same on every rank at the same step.
-
-        Rank 0 stopping cancels the generation ("cancelled", as in a whole-model runner);
-        the next step then ends the group. A rank > 0 stopping ends it at once.
-        """
-        if self._hooks.stop_check_delay:
-            time.sleep(self._hooks.stop_check_delay)
-        stop, leaving = link.share_flags(
-            stop=link.is_lead and self._should_stop(request_id),
-            leaving=not link.is_lead and self._stop.is_set(),
-        )
-        if leaving:
-            raise _GroupEnding
-        return stop
 
 
 def _seeded(request: GenerationRequest) -> GenerationRequest:

@@ -15,6 +15,7 @@ import attrs
 from trexo import wire
 from trexo.errors import WireError
 from trexo.types.generation import GenerationRequest
+from trexo.types.ids import RequestId
 
 IDLE_STEP_BYTES = b""
 """An idle step travels as nothing at all: one scalar collective per tick."""
@@ -22,13 +23,14 @@ IDLE_STEP_BYTES = b""
 
 @attrs.frozen
 class GroupStep:
-    """What every rank does next, as rank 0 decided it (nothing: an idle tick).
+    """What every rank does before its next batch step, as rank 0 decided it (nothing, with
+    no generation running: an idle tick).
 
-    `start`: generations to run, one at a time for now; a tuple, so that a batching step
-    can insert several (and a `remove` field can join it).
+    `start`: generations that join the batch; `cancel`: generations that leave it.
     """
 
     start: tuple[GenerationRequest, ...] = ()
+    cancel: tuple[RequestId, ...] = ()
 
 
 class StepUndecodable(Exception):

@@ -15,6 +15,8 @@ FinishReason = Literal["stop", "length", "cancelled", "error"]
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
+    """Of the prompt tokens, how many came from the runner's prompt cache (not prefilled)."""
 
     @property
     def total_tokens(self) -> int:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import attrs
 
 from trexo.config import (
+    DEFAULT_MAX_BATCH,
     DEFAULT_PREFILL_STEP_TOKENS,
     GROUP_IDLE_TICK_S,
     GROUP_INIT_TIMEOUT_S,
     GROUP_STALL_TIMEOUT_S,
+    PROMPT_CACHE_BYTES,
 )
 from trexo.types.chunks import Chunk
 from trexo.types.failure import FailureKind
@@ -33,6 +35,10 @@ class LoadModel:
     """The parent gives up on the group after this; the runner itself, a little later."""
     group_stall_timeout: float = GROUP_STALL_TIMEOUT_S
     group_idle_tick: float = GROUP_IDLE_TICK_S
+    max_batch: int = DEFAULT_MAX_BATCH
+    """Generations stepped together; more wait their turn."""
+    prompt_cache_bytes: int = PROMPT_CACHE_BYTES
+    """Bound of the runner's prompt cache (0: none)."""
 
 
 @attrs.frozen

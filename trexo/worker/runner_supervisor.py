@@ -383,6 +383,8 @@ class RunnerSupervisor:
                 group_init_timeout=config.group_init_timeout,
                 group_stall_timeout=config.group_stall_timeout,
                 group_idle_tick=config.group_idle_tick,
+                max_batch=config.max_batch,
+                prompt_cache_bytes=config.prompt_cache_bytes,
             )
         )
         if group is not None:

@@ -1,0 +1,272 @@
+"""Continuous batching: every generation of a runner stepped together by one mlx-lm
+`BatchGenerator`, with a prompt cache that lets a conversation's next turn skip its history.
+
+A `BatchEngine` is driven from the runner's one compute thread (MLX streams are per thread)
+and knows nothing of trio. Requests join (`add`) and leave (`remove`) between steps; each
+`step()` runs one decode step of every running generation and one prefill chunk (at most
+`prefill_step` tokens) of every prompt being read, so a long prompt delays the running
+streams by one chunk per step, never by its whole length.
+
+Each request keeps its own sampler (with its own random key: a seeded request samples the
+same tokens whatever else runs beside it), logits processors, stop sequences, `max_tokens`
+and detokenizer. The tokenizer's EOS ids stop every request (mlx-lm's default stops none).
+
+Rank r of a split model runs the same engine: every rank adds and removes the same requests
+before the same step (rank 0 decides, `trexo.runner.lockstep`), and `share_tokens` makes
+every rank's samplers agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    greedy_sampler,
+    make_logits_processors,
+)
+
+from trexo.engine.sharding import Sampler, SamplerWrap
+from trexo.engine.stops import StopMatcher
+from trexo.types.chunks import Chunk, FinishReason, Usage
+from trexo.types.generation import GenerationRequest, SamplingParams
+from trexo.types.ids import RequestId
+
+log = logging.getLogger(__name__)
+
+CACHE_KEY = "model"
+"""The prompt cache's model key: one model per runner."""
+SEED_BITS = 31
+
+
+@attrs.frozen
+class CacheStats:
+    """The prompt cache: what it holds and how often it helped."""
+
+    entries: int
+    nbytes: int
+    max_bytes: int
+    lookups: int
+    hits: int
+    cached_tokens: int
+    """Prompt tokens served from the cache instead of prefilled, over all lookups."""
+
+
+@attrs.define
+class _Generation:
+    request_id: RequestId
+    prompt_tokens: int
+    cached_tokens: int
+    detokenizer: Any
+    matcher: StopMatcher
+    generated: int = 0
+
+
+def request_sampler(params: SamplingParams, seed: int | None) -> Sampler | None:
+    """`params`' sampler with a random key of its own (None: greedy, the shared sampler).
+
+    The same filters as mlx-lm's `make_sampler`, but each request draws from its own key
+    (`mx.random.categorical(..., key=)`), so a seeded request samples the same tokens
+    whatever else is in the batch.
+    """
+    if params.temperature == 0:
+        return None
+    filters: list[Callable[[mx.array], mx.array]] = []
+    if 0 < params.top_p < 1.0:
+        filters.append(lambda x: apply_top_p(x, params.top_p))
+    if params.min_p != 0.0:
+        filters.append(lambda x: apply_min_p(x, params.min_p, 1))
+    if params.top_k > 0:
+        filters.append(lambda x: apply_top_k(x, params.top_k))
+    key = mx.random.key(seed if seed is not None else random.getrandbits(SEED_BITS))
+    scale = 1 / params.temperature
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal key
+        key, draw = mx.random.split(key)
+        for keep in filters:
+            logprobs = keep(logprobs)
+        return mx.random.categorical(logprobs * scale, key=draw)
+
+    return sample
+
+
+class BatchEngine:
+    """Many generations of one loaded model, stepped together."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch: int,
+        prefill_step: int,
+        prompt_cache_bytes: int,
+        share_tokens: SamplerWrap | None = None,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._share = share_tokens or (lambda sampler: sampler)
+        eos = sorted(getattr(tokenizer, "eos_token_ids", None) or ())
+        self._generator: Any = BatchGenerator(
+            model,
+            stop_tokens=[[token] for token in eos],
+            sampler=self._share(greedy_sampler),
+            completion_batch_size=max_batch,
+            prefill_batch_size=max_batch,
+            prefill_step_size=prefill_step,
+            stream=generation_stream,
+        )
+        self._cache = LRUPromptCache(max_bytes=prompt_cache_bytes) if prompt_cache_bytes else None
+        self._max_cache_bytes = prompt_cache_bytes
+        self._running: dict[int, _Generation] = {}
+        self._uids: dict[RequestId, int] = {}
+        self._lookups = self._hits = self._cached_tokens = 0
+
+    # --- what the runner asks -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def __contains__(self, request_id: RequestId) -> bool:
+        return request_id in self._uids
+
+    def cache_stats(self) -> CacheStats:
+        cache = self._cache
+        return CacheStats(
+            entries=len(cache) if cache is not None else 0,
+            nbytes=cache.nbytes if cache is not None else 0,
+            max_bytes=self._max_cache_bytes,
+            lookups=self._lookups,
+            hits=self._hits,
+            cached_tokens=self._cached_tokens,
+        )
+
+    def add(self, request: GenerationRequest, prompt: list[int]) -> None:
+        """Start `request` (its `prompt` encoded and checked by the caller) at the next step."""
+        params = request.params
+        cache, rest = self._cached_prefix(prompt)
+        cached = len(prompt) - len(rest)
+        sampler = request_sampler(params, params.seed)
+        (uid,) = self._generator.insert(
+            [rest],
+            max_tokens=[params.max_tokens],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[prompt[:cached]],
+            samplers=[self._share(sampler)] if sampler is not None else None,
+            logits_processors=[
+                make_logits_processors(repetition_penalty=params.repetition_penalty)
+            ],
+        )
+        self._running[uid] = _Generation(
+            request.request_id,
+            len(prompt),
+            cached,
+            self._tokenizer.detokenizer,
+            StopMatcher(params.stop),
+        )
+        self._uids[request.request_id] = uid
+
+    def remove(self, request_id: RequestId) -> Chunk | None:
+        """End `request_id` now ("cancelled"): its final chunk, with the text held back."""
+        uid = self._uids.get(request_id)
+        if uid is None:
+            return None
+        self._keep_cache(self._generator.remove([uid], return_prompt_caches=True).get(uid))
+        generation = self._forget(uid)
+        generation.detokenizer.finalize()
+        tail = generation.matcher.feed(generation.detokenizer.last_segment)
+        text = tail.text if tail.stopped else tail.text + generation.matcher.flush()
+        return self._final(generation, text, (), "cancelled")
+
+    def step(self) -> list[Chunk]:
+        """One step of every generation: a chunk per token generated, final ones last."""
+        _, responses = self._generator.next()
+        chunks: list[Chunk] = []
+        ended: list[int] = []
+        for response in responses:
+            generation = self._running.get(response.uid)
+            if generation is None:
+                continue  # removed while its step was being computed ahead
+            chunk = self._chunk(generation, response)
+            chunks.append(chunk)
+            if chunk.finish_reason is not None:
+                if response.finish_reason is None:  # a stop string ended it: it still runs
+                    ended.append(response.uid)
+                else:
+                    self._keep_cache((response.prompt_cache, response.all_tokens))
+                self._forget(response.uid)
+        if ended:
+            caches = self._generator.remove(ended, return_prompt_caches=True)
+            for cache in caches.values():
+                self._keep_cache(cache)
+        return chunks
+
+    # --- inside ---------------------------------------------------------------------------------
+
+    def _cached_prefix(self, prompt: list[int]) -> tuple[Any, list[int]]:
+        """The cached KV state of the prompt's longest known prefix (a copy: generation
+        mutates it) and the tokens still to prefill (at least one: its logits are needed)."""
+        if self._cache is None:
+            return None, prompt
+        self._lookups += 1
+        cache, rest = self._cache.fetch_nearest_cache(CACHE_KEY, prompt)
+        if cache is not None and not rest:
+            if not can_trim_prompt_cache(cache):
+                return None, prompt
+            trim_prompt_cache(cache, 1)
+            rest = prompt[-1:]
+        if cache is not None:
+            self._hits += 1
+            self._cached_tokens += len(prompt) - len(rest)
+        return cache, list(rest)
+
+    def _keep_cache(self, extracted: Any) -> None:
+        if self._cache is None or extracted is None:
+            return
+        cache, tokens = extracted
+        if cache is not None and tokens:
+            self._cache.insert_cache(CACHE_KEY, list(tokens), cache)
+
+    def _forget(self, uid: int) -> _Generation:
+        generation = self._running.pop(uid)
+        del self._uids[generation.request_id]
+        return generation
+
+    def _chunk(self, generation: _Generation, response: Any) -> Chunk:
+        generation.generated += 1
+        token_ids = (int(response.token),)
+        detokenizer = generation.detokenizer
+        # On "stop" the token is the EOS, which carries no text.
+        if response.finish_reason != "stop":
+            detokenizer.add_token(response.token)
+        if response.finish_reason is not None:
+            detokenizer.finalize()
+        released = generation.matcher.feed(detokenizer.last_segment)
+        if released.stopped:
+            return self._final(generation, released.text, token_ids, "stop")
+        if response.finish_reason is not None:
+            reason: FinishReason = "stop" if response.finish_reason == "stop" else "length"
+            return self._final(
+                generation, released.text + generation.matcher.flush(), token_ids, reason
+            )
+        return Chunk(generation.request_id, released.text, token_ids)
+
+    @staticmethod
+    def _final(
+        generation: _Generation, text: str, token_ids: tuple[int, ...], reason: FinishReason
+    ) -> Chunk:
+        usage = Usage(
+            prompt_tokens=generation.prompt_tokens,
+            completion_tokens=generation.generated,
+            cached_tokens=generation.cached_tokens,
+        )
+        return Chunk(generation.request_id, text, token_ids, finish_reason=reason, usage=usage)
