@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("trexo")
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+MIB = 1024 * 1024
 EXIT_FORCED = 130
 """A second Ctrl-C: leave at once (runners see EOF on their sockets and exit by themselves)."""
 DEMO_PROMPT = "Hello! What can you do?"
@@ -206,7 +207,12 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_limit_options(parser: argparse.ArgumentParser) -> None:
-    from trexo.config import API_STALLED_CLIENT_TIMEOUT_S, DEFAULT_PREFILL_STEP_TOKENS
+    from trexo.config import (
+        API_STALLED_CLIENT_TIMEOUT_S,
+        DEFAULT_MAX_BATCH,
+        DEFAULT_PREFILL_STEP_TOKENS,
+        PROMPT_CACHE_BYTES,
+    )
 
     limits = parser.add_argument_group(
         "limits",
@@ -232,9 +238,32 @@ def _add_limit_options(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=DEFAULT_PREFILL_STEP_TOKENS,
         metavar="N",
-        help="prompt tokens prefilled per step; a cancel takes effect between steps "
+        help="prompt tokens prefilled per step; a cancel takes effect between steps, and "
+        "the streams beside a long prompt wait for one such chunk per step "
         "(default: %(default)s)",
     )
+    limits.add_argument(
+        "--max-batch",
+        type=_positive_int,
+        default=DEFAULT_MAX_BATCH,
+        metavar="N",
+        help="generations a runner steps together; more wait in its queue "
+        "(default: %(default)s)",
+    )
+    limits.add_argument(
+        "--prompt-cache-mib",
+        type=_non_negative_int,
+        default=PROMPT_CACHE_BYTES // MIB,
+        metavar="MIB",
+        help="bound of each runner's prompt cache, which lets a conversation's next turn "
+        "skip its history (0: no cache; default: %(default)s)",
+    )
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(text)
 
 
 def _positive_int(text: str) -> int:
@@ -346,7 +375,11 @@ def run_command(args: argparse.Namespace) -> int:
             max_context_tokens=args.max_context_tokens,
             stalled_client_timeout=args.stalled_client_timeout,
         ),
-        runner=RunnerConfig(prefill_step=args.prefill_step),
+        runner=RunnerConfig(
+            prefill_step=args.prefill_step,
+            max_batch=args.max_batch,
+            prompt_cache_bytes=args.prompt_cache_mib * MIB,
+        ),
         transport=TransportConfig(
             host=args.peer_host,
             port=args.peer_port,

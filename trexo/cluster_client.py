@@ -55,7 +55,8 @@ from trexo.types.commands import (
 )
 from trexo.types.failure import FailureKind
 from trexo.types.generation import GenerationRequest
-from trexo.types.ids import InstanceId, NodeId, RequestId, new_id
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId, new_id
+from trexo.types.ipc import PromptCacheStats
 from trexo.types.models import ModelRef
 from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerReady, RunnerRunning
@@ -176,6 +177,7 @@ class ClusterClient:
         prompt_counter: PromptCounter | None = None,
         resolve_hub_model: Callable[[str], ModelRef] | None = None,
         on_disk: Callable[[ModelRef], bool] = lambda _: False,
+        prompt_caches: Callable[[], dict[RunnerId, PromptCacheStats]] = dict,
     ) -> None:
         self._prompt_counter = prompt_counter
         self._accepted_in: dict[RequestId, Session] = {}
@@ -187,6 +189,7 @@ class ClusterClient:
         self._resolve_hub_model = resolve_hub_model
         """Blocking (the hub's API, in a worker thread): a repo id -> a pinned model."""
         self._on_disk = on_disk
+        self._prompt_caches = prompt_caches
         self._command_wait = command_wait
         self._idle_timeout = idle_timeout
         self.node_id: NodeId = router.node_id
@@ -217,6 +220,18 @@ class ClusterClient:
             "nodes": len(state.nodes),
             "instances": len(state.instances),
             "ready_runners": len(ready),
+            "prompt_caches": {
+                runner_id: {
+                    "entries": cache.entries,
+                    "bytes": cache.nbytes,
+                    "max_bytes": cache.max_bytes,
+                    "lookups": cache.lookups,
+                    "hits": cache.hits,
+                    "hit_rate": round(cache.hit_rate, 4),
+                    "cached_tokens": cache.cached_tokens,
+                }
+                for runner_id, cache in self._prompt_caches().items()
+            },
         }
 
     def models(self) -> list[ModelListing]:

@@ -78,6 +78,7 @@ class Node:
                 models_dir=config.paths.models_dir,
                 cache_root=config.hub.cache_dir,
             ),
+            prompt_caches=lambda: self.pool.prompt_caches(),
         )
         self.api_url: str | None = None
         self.peer_port: int | None = None

@@ -59,7 +59,12 @@ def test_completion_body_is_openais_shape() -> None:
                 "finish_reason": "length",
             }
         ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        "usage": {
+            "prompt_tokens": 3,
+            "completion_tokens": 2,
+            "total_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        },
     }
 
 
@@ -69,6 +74,15 @@ def test_completion_from_chunks_joins_text_and_takes_the_last_usage() -> None:
     assert body["choices"][0]["message"]["content"] == "ab"
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["total_tokens"] == 6
+
+
+def test_prompt_tokens_from_the_cache_are_reported_as_openai_does() -> None:
+    usage = Usage(prompt_tokens=900, completion_tokens=5, cached_tokens=850)
+    body = completion_from_chunks(
+        [chunk("a", "stop", usage)], request_id=RID, model="m", created=CREATED
+    )
+    assert body["usage"]["prompt_tokens"] == 900
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 850}
 
 
 def test_completion_needs_a_finished_generation() -> None:
@@ -111,7 +125,12 @@ def test_stream_with_usage_ends_with_a_choiceless_usage_chunk() -> None:
     events = [enc.opening(), *enc.encode(chunk("x", "length", Usage(7, 1)))]
     assert [e["usage"] for e in events[:-1]] == [None, None, None]
     assert events[-1]["choices"] == []
-    assert events[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}
+    assert events[-1]["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 1,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert events[-2]["choices"] == [choice({}, "length")]
 
 

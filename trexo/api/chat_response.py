@@ -36,11 +36,14 @@ def openai_finish_reason(reason: FinishReason) -> OpenAIFinishReason:
         raise ValueError(f"finish reason {reason!r} is an error, not a finish") from None
 
 
-def usage_body(usage: Usage) -> dict[str, int]:
+def usage_body(usage: Usage) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` counts the prompt tokens
+    the runner's prompt cache held (a conversation's earlier turns), which it did not read."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 

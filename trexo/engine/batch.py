@@ -40,25 +40,13 @@ from trexo.engine.stops import StopMatcher
 from trexo.types.chunks import Chunk, FinishReason, Usage
 from trexo.types.generation import GenerationRequest, SamplingParams
 from trexo.types.ids import RequestId
+from trexo.types.ipc import PromptCacheStats
 
 log = logging.getLogger(__name__)
 
 CACHE_KEY = "model"
 """The prompt cache's model key: one model per runner."""
 SEED_BITS = 31
-
-
-@attrs.frozen
-class CacheStats:
-    """The prompt cache: what it holds and how often it helped."""
-
-    entries: int
-    nbytes: int
-    max_bytes: int
-    lookups: int
-    hits: int
-    cached_tokens: int
-    """Prompt tokens served from the cache instead of prefilled, over all lookups."""
 
 
 @attrs.define
@@ -139,9 +127,9 @@ class BatchEngine:
     def __contains__(self, request_id: RequestId) -> bool:
         return request_id in self._uids
 
-    def cache_stats(self) -> CacheStats:
+    def cache_stats(self) -> PromptCacheStats:
         cache = self._cache
-        return CacheStats(
+        return PromptCacheStats(
             entries=len(cache) if cache is not None else 0,
             nbytes=cache.nbytes if cache is not None else 0,
             max_bytes=self._max_cache_bytes,

@@ -35,6 +35,7 @@ from trexo.types.failure import FailureKind
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import RequestId
 from trexo.types.ipc import (
+    CacheReport,
     ChunkMessage,
     FromRunner,
     GroupJoined,
@@ -317,6 +318,8 @@ class ComputeThread:
         self._forget(request_id)
         running = len(self._batch) if self._batch is not None else 0
         self._status(RunnerRunning(running) if running else RunnerReady())
+        if self._batch is not None:
+            self._post(CacheReport(self._batch.cache_stats()))
 
     def _send_chunk(self, chunk: Chunk) -> None:
         """Post `chunk`; a final one is logged, whichever path ended the generation."""

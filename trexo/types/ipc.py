@@ -88,4 +88,28 @@ class GroupJoined:
     world_size: int
 
 
-FromRunner = StatusReport | ChunkMessage | RequestFailed | GroupJoined
+@attrs.frozen
+class PromptCacheStats:
+    """A runner's prompt cache: what it holds and how often it helped."""
+
+    entries: int = 0
+    nbytes: int = 0
+    max_bytes: int = 0
+    lookups: int = 0
+    hits: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens served from the cache instead of prefilled, over all lookups."""
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+@attrs.frozen
+class CacheReport:
+    """Sent after each generation ends: the prompt cache as it stands."""
+
+    stats: PromptCacheStats
+
+
+FromRunner = StatusReport | ChunkMessage | RequestFailed | GroupJoined | CacheReport

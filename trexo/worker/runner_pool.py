@@ -44,6 +44,7 @@ from trexo.net.topics import Topic
 from trexo.types.chunks import FinishReason
 from trexo.types.failure import FailureKind
 from trexo.types.ids import InstanceId, RequestId, RunnerId
+from trexo.types.ipc import PromptCacheStats
 from trexo.types.local_events import (
     LocalEvent,
     RankAddressReport,
@@ -175,6 +176,14 @@ class RunnerPool:
     def runners(self) -> dict[RunnerId, PoolRunner]:
         """The runners this pool keeps alive now (starting, loading, ready, restarting)."""
         return dict(self._runners)
+
+    def prompt_caches(self) -> dict[RunnerId, PromptCacheStats]:
+        """Each local runner's prompt cache, as it last reported it."""
+        return {
+            rid: r.supervisor.prompt_cache
+            for rid, r in self._runners.items()
+            if r.supervisor is not None
+        }
 
     @property
     def groups(self) -> dict[RunnerId, GroupState]:

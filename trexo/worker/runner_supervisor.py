@@ -37,12 +37,14 @@ from trexo.types.failure import FailureKind
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import RequestId, RunnerId
 from trexo.types.ipc import (
+    CacheReport,
     Cancel,
     ChunkMessage,
     FromRunner,
     Generate,
     GroupJoined,
     LoadModel,
+    PromptCacheStats,
     RequestFailed,
     Shutdown,
     StatusReport,
@@ -155,6 +157,8 @@ class RunnerSupervisor:
         """Which step of the stop ladder ended the process, if the ladder ran."""
         self.pid: int | None = None
         self.joined_group: GroupJoined | None = None
+        self.prompt_cache = PromptCacheStats()
+        """The runner's prompt cache, as it last reported it."""
         """Set once the runner has joined its rank group (a split model's rank only)."""
         self._status_changed = trio.Event()
         self._inflight: dict[RequestId, trio.MemorySendChannel[Chunk | _Failure]] = {}
@@ -292,6 +296,8 @@ class RunnerSupervisor:
             case GroupJoined():
                 self.joined_group = msg
                 self._notify()
+            case CacheReport(stats=stats):
+                self.prompt_cache = stats
             case ChunkMessage(chunk=chunk):
                 channel = self._inflight.get(chunk.request_id)
                 if channel is None:
