@@ -45,7 +45,8 @@ from openai.types.chat import ChatCompletionUserMessageParam
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.stats import describe, markdown_value_table, write_results
+from bench import prefill_stall, serving_load
+from bench.stats import RESULTS_DIR, describe, markdown_value_table, write_results
 from trexo.engine.blas import setup_blas
 from trexo.engine.demo_model import DEMO_MODEL_NAMES, demo_model_name, ensure_demo_model
 
@@ -56,6 +57,7 @@ DEFAULT_MAX_TOKENS = 128
 DEFAULT_SIZE = "small"
 DEFAULT_CONCURRENCY = 4
 DEFAULT_AGGREGATE_ROUNDS = 5
+DEFAULT_LOAD_ROUNDS = 3
 BLAS_THREADS = 1
 """What runners use (`RunnerConfig.openblas_threads`): the baseline must not get more."""
 
@@ -341,49 +343,71 @@ class Settings:
     size: str
     concurrency: int
     aggregate_rounds: int
+    load_rounds: int = DEFAULT_LOAD_ROUNDS
+    only_load: bool = False
+    blas_path: str | None = None
 
 
-async def measure(settings: Settings, baseline: Baseline, data_dir: Path) -> Samples:
-    """Interleaved trials, then aggregate rounds, against one node."""
+async def measure(
+    settings: Settings, baseline: Baseline, data_dir: Path, load: serving_load.LoadSamples
+) -> Samples:
+    """Interleaved trials, then aggregate rounds, against one node; then the load against
+    it and `mlx_lm.server` (`bench/serving_load.py`)."""
     samples = Samples()
     model = demo_model_name(settings.size)
-    max_tokens = settings.max_tokens
     async with serving_node(data_dir, settings.size) as node:
-        client = openai.AsyncOpenAI(
-            base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
-        )
-        baseline_meter = CpuMeter({"mlx-lm": [psutil.Process()]})
-        trexo_meter = node.cpu_meter()
-
-        def run_baseline() -> StreamTiming:
-            # It blocks the event loop on purpose: nothing else is running meanwhile.
-            before = baseline_meter.read()
-            timing = baseline.generate(max_tokens)
-            return attrs.evolve(timing, cpu_s=baseline_meter.since(before))
-
-        async def run_trexo() -> StreamTiming:
-            before = trexo_meter.read()
-            timing = await stream_chat(client, model, max_tokens)
-            return attrs.evolve(timing, cpu_s=trexo_meter.since(before))
-
-        # Warm both: the first use of a code path pays for allocation and imports.
-        run_baseline()
-        await run_trexo()
-        for i in range(settings.trials):
-            if i % 2 == 0:
-                samples.baseline.append(run_baseline())
-                samples.trexo.append(await run_trexo())
-            else:
-                samples.trexo.append(await run_trexo())
-                samples.baseline.append(run_baseline())
-            _print_trial(i, samples.baseline[-1], samples.trexo[-1])
-        for i in range(settings.aggregate_rounds):
-            samples.baseline_single.append(run_baseline())
-            for concurrency in (1, settings.concurrency):
-                run = await aggregate_run(client, model, max_tokens, concurrency)
-                samples.aggregate.setdefault(concurrency, []).append(run)
-            _print_round(i, samples, settings.concurrency)
+        if not settings.only_load:
+            await measure_node(settings, baseline, node, samples)
+        model_dir = data_dir / "models" / model
+        log_path = data_dir / "mlx_lm_server.log"
+        async with serving_load.mlx_lm_server(model_dir, log_path, settings.blas_path) as peer:
+            trexo = serving_load.Server("trexo", node.url, model, node.pid)
+            await serving_load.measure_load(
+                [trexo, peer], settings.load_rounds, settings.max_tokens, load
+            )
     return samples
+
+
+async def measure_node(
+    settings: Settings, baseline: Baseline, node: ServingNode, samples: Samples
+) -> None:
+    """Interleaved trials against in-process mlx-lm, then aggregate rounds."""
+    model = demo_model_name(settings.size)
+    max_tokens = settings.max_tokens
+    client = openai.AsyncOpenAI(
+        base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S
+    )
+    baseline_meter = CpuMeter({"mlx-lm": [psutil.Process()]})
+    trexo_meter = node.cpu_meter()
+
+    def run_baseline() -> StreamTiming:
+        # It blocks the event loop on purpose: nothing else is running meanwhile.
+        before = baseline_meter.read()
+        timing = baseline.generate(max_tokens)
+        return attrs.evolve(timing, cpu_s=baseline_meter.since(before))
+
+    async def run_trexo() -> StreamTiming:
+        before = trexo_meter.read()
+        timing = await stream_chat(client, model, max_tokens)
+        return attrs.evolve(timing, cpu_s=trexo_meter.since(before))
+
+    # Warm both: the first use of a code path pays for allocation and imports.
+    run_baseline()
+    await run_trexo()
+    for i in range(settings.trials):
+        if i % 2 == 0:
+            samples.baseline.append(run_baseline())
+            samples.trexo.append(await run_trexo())
+        else:
+            samples.trexo.append(await run_trexo())
+            samples.baseline.append(run_baseline())
+        _print_trial(i, samples.baseline[-1], samples.trexo[-1])
+    for i in range(settings.aggregate_rounds):
+        samples.baseline_single.append(run_baseline())
+        for concurrency in (1, settings.concurrency):
+            run = await aggregate_run(client, model, max_tokens, concurrency)
+            samples.aggregate.setdefault(concurrency, []).append(run)
+        _print_round(i, samples, settings.concurrency)
 
 
 def _print_trial(i: int, base: StreamTiming, served: StreamTiming) -> None:
@@ -516,64 +540,95 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         "--concurrency", type=_positive, default=DEFAULT_CONCURRENCY, help="streams at once"
     )
     parser.add_argument("--aggregate-rounds", type=_positive, default=DEFAULT_AGGREGATE_ROUNDS)
+    parser.add_argument(
+        "--load-rounds",
+        type=_positive,
+        default=DEFAULT_LOAD_ROUNDS,
+        help="rounds of the load against trexo and mlx_lm.server",
+    )
+    parser.add_argument(
+        "--only-load", action="store_true", help="measure only the load against mlx_lm.server"
+    )
     args = parser.parse_args(argv)
     if args.concurrency < MIN_CONCURRENCY:
         parser.error(f"--concurrency must be at least {MIN_CONCURRENCY}")
     if args.max_tokens < MIN_MAX_TOKENS:
         parser.error(f"--max-tokens must be at least {MIN_MAX_TOKENS}")
     return Settings(
-        args.trials, args.max_tokens, args.size, args.concurrency, args.aggregate_rounds
+        args.trials,
+        args.max_tokens,
+        args.size,
+        args.concurrency,
+        args.aggregate_rounds,
+        args.load_rounds,
+        args.only_load,
     )
 
 
-def report(settings: Settings, baseline: Baseline, samples: Samples, **extra: Any) -> None:
-    """Write `bench/results/serving.json` and print the table."""
-    rows = summarize_samples(samples, settings.concurrency)
-    outputs = check_outputs(samples)
+def report(
+    settings: Settings,
+    baseline: Baseline,
+    samples: Samples,
+    load: serving_load.LoadSamples,
+    **extra: Any,
+) -> None:
+    """Write `bench/results/serving.json` (and `serving_load.png`) and print the tables."""
     model = demo_model_name(settings.size)
-    path = write_results(
-        "serving",
-        {
-            "settings": attrs.asdict(settings),
-            "model": model,
-            "prompt_tokens": baseline.prompt_tokens,
-            "blas_threads": BLAS_THREADS,
-            "node_options": isolation_args(),
-            "outputs": outputs,
-            **extra,
-            "results": rows,
-            "samples": raw_samples(samples),
-        },
-    )
-    print(
-        f"\n{model}, {baseline.prompt_tokens} prompt tokens,"
-        f" {outputs['completion_tokens']['trexo']} completion tokens per request (greedy),"
-        f" {settings.trials} interleaved trials, {settings.aggregate_rounds} aggregate rounds\n"
-    )
-    print(markdown_value_table(rows))
+    load_summary = serving_load.summarize(load)
+    payload: dict[str, Any] = {
+        "settings": attrs.asdict(settings),
+        "model": model,
+        "prompt_tokens": baseline.prompt_tokens,
+        "blas_threads": BLAS_THREADS,
+        "node_options": isolation_args(),
+        **extra,
+        "load": load_summary,
+    }
+    if not settings.only_load:
+        rows = summarize_samples(samples, settings.concurrency)
+        payload |= {"outputs": check_outputs(samples), "results": rows}
+        payload["samples"] = raw_samples(samples)
+    path = write_results("serving", payload)
+    if not settings.only_load:
+        outputs = payload["outputs"]
+        print(
+            f"\n{model}, {baseline.prompt_tokens} prompt tokens,"
+            f" {outputs['completion_tokens']['trexo']} completion tokens per request (greedy),"
+            f" {settings.trials} interleaved trials, {settings.aggregate_rounds} aggregate rounds\n"
+        )
+        print(markdown_value_table(payload["results"]))
+    print(f"\n{model}, {settings.max_tokens} tokens per stream, {settings.load_rounds} rounds\n")
+    print(serving_load.markdown(load_summary))
     print(f"written to {path}")
+    serving_load.plot(load_summary, RESULTS_DIR / "serving_load.png")
 
 
 def main() -> None:
     settings = parse_args()
     blas = setup_blas(threads=BLAS_THREADS)
+    settings = attrs.evolve(settings, blas_path=blas)
     started = time.perf_counter()
     load_before = os.getloadavg()
+    load = serving_load.LoadSamples()
     with tempfile.TemporaryDirectory(prefix="trexo-bench-serving-") as tmp:
         data_dir = Path(tmp) / "node"
         # The node's own models dir: it finds the model built and serves the same files.
         model_dir = ensure_demo_model(data_dir / "models", settings.size)
         baseline = Baseline(model_dir)
+        stall = prefill_stall.measure(model_dir)
+        print(f"prefill stall: {stall}")
         try:
-            samples = trio.run(measure, settings, baseline, data_dir)
+            samples = trio.run(measure, settings, baseline, data_dir, load)
         except NodeFailed as exc:
             sys.exit(f"bench-serving: {exc}")
     report(
         settings,
         baseline,
         samples,
+        load,
         blas=blas,
         revision=source_revision(),
+        prefill_stall=stall,
         duration_s=time.perf_counter() - started,
         # The machine is shared: a busy one slows the three-process path more than one process.
         load_average={"before": load_before, "after": os.getloadavg()},

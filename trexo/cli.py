@@ -247,8 +247,7 @@ def _add_limit_options(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=DEFAULT_MAX_BATCH,
         metavar="N",
-        help="generations a runner steps together; more wait in its queue "
-        "(default: %(default)s)",
+        help="generations a runner steps together; more wait in its queue (default: %(default)s)",
     )
     limits.add_argument(
         "--prompt-cache-mib",

@@ -137,6 +137,11 @@ class Engine:
         return self._model
 
     @property
+    def prefill_step(self) -> int:
+        """Prompt tokens read per step."""
+        return self._prefill_step
+
+    @property
     def tokenizer(self) -> TokenizerWrapper:
         return self._tokenizer
 

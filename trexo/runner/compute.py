@@ -36,6 +36,7 @@ from trexo.types.generation import GenerationRequest
 from trexo.types.ids import RequestId
 from trexo.types.ipc import (
     CacheReport,
+    ChunkBatch,
     ChunkMessage,
     FromRunner,
     GroupJoined,
@@ -309,9 +310,13 @@ class ComputeThread:
             time.sleep(self._hooks.step_delay)
 
     def _deliver(self, chunks: list[Chunk]) -> None:
+        """A step's chunks, in one message (a frame per step, not per token)."""
+        if not chunks:
+            return
+        self._post(ChunkBatch(tuple(chunks)))
         for chunk in chunks:
-            self._send_chunk(chunk)
             if chunk.finish_reason is not None:
+                self._log_final(chunk)
                 self._finished(chunk.request_id)
 
     def _finished(self, request_id: RequestId) -> None:
@@ -325,12 +330,13 @@ class ComputeThread:
         """Post `chunk`; a final one is logged, whichever path ended the generation."""
         self._post(ChunkMessage(chunk))
         if chunk.finish_reason is not None:
-            log.info(
-                "generation %s finished: %s, %s",
-                chunk.request_id,
-                chunk.finish_reason,
-                chunk.usage,
-            )
+            self._log_final(chunk)
+
+    @staticmethod
+    def _log_final(chunk: Chunk) -> None:
+        log.info(
+            "generation %s finished: %s, %s", chunk.request_id, chunk.finish_reason, chunk.usage
+        )
 
     def _forget(self, request_id: RequestId) -> None:
         with self._lock:

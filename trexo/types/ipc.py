@@ -72,6 +72,13 @@ class ChunkMessage:
 
 
 @attrs.frozen
+class ChunkBatch:
+    """The chunks of one batch step, one per generation: one frame, not one each."""
+
+    chunks: tuple[Chunk, ...]
+
+
+@attrs.frozen
 class RequestFailed:
     """A request ended with an error; the runner itself carries on."""
 
@@ -112,4 +119,4 @@ class CacheReport:
     stats: PromptCacheStats
 
 
-FromRunner = StatusReport | ChunkMessage | RequestFailed | GroupJoined | CacheReport
+FromRunner = StatusReport | ChunkMessage | ChunkBatch | RequestFailed | GroupJoined | CacheReport

@@ -39,6 +39,7 @@ from trexo.types.ids import RequestId, RunnerId
 from trexo.types.ipc import (
     CacheReport,
     Cancel,
+    ChunkBatch,
     ChunkMessage,
     FromRunner,
     Generate,
@@ -299,18 +300,24 @@ class RunnerSupervisor:
             case CacheReport(stats=stats):
                 self.prompt_cache = stats
             case ChunkMessage(chunk=chunk):
-                channel = self._inflight.get(chunk.request_id)
-                if channel is None:
-                    return  # its consumer left; the runner was told to cancel it
-                channel.send_nowait(chunk)
-                if chunk.finish_reason is not None:
-                    del self._inflight[chunk.request_id]
-                    channel.close()
+                self._route(chunk)
+            case ChunkBatch(chunks=chunks):
+                for chunk in chunks:
+                    self._route(chunk)
             case RequestFailed(request_id=request_id, message=message, kind=kind):
                 channel = self._inflight.pop(request_id, None)
                 if channel is not None:
                     channel.send_nowait(_Failure(_request_error(kind, message)))
                     channel.close()
+
+    def _route(self, chunk: Chunk) -> None:
+        channel = self._inflight.get(chunk.request_id)
+        if channel is None:
+            return  # its consumer left; the runner was told to cancel it
+        channel.send_nowait(chunk)
+        if chunk.finish_reason is not None:
+            del self._inflight[chunk.request_id]
+            channel.close()
 
     def _finish(self, stopped_by_owner: bool) -> None:
         """After the process is reaped: record how it ended, fail what was in flight."""
