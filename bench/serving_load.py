@@ -131,28 +131,42 @@ async def _wait_serving(server: Server, process: trio.Process) -> None:
                 await trio.sleep(0.2)
 
 
+RESETS: dict[str, int] = {}
+"""Requests a server reset before its first token, per server (retried; counted)."""
+MAX_ATTEMPTS = 3
+
+
 async def stream(
     server: Server, messages: list[dict[str, str]], max_tokens: int
 ) -> tuple[float, int]:
-    """One streamed chat: seconds to the first content token, completion tokens."""
+    """One streamed chat: seconds to the first content token (from the first attempt),
+    completion tokens. A connection reset before the first token is retried (mlx_lm.server's
+    listen backlog of 5 resets some of 16 simultaneous connections) and counted."""
     client = server.client()
     t0 = time.perf_counter()
-    first = 0.0
-    tokens = 0
-    response = await client.chat.completions.create(
-        model=server.model,
-        messages=messages,  # type: ignore[arg-type]
-        max_tokens=max_tokens,
-        temperature=0.0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    async for chunk in response:
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-        if chunk.choices and chunk.choices[0].delta.content and not first:
-            first = time.perf_counter() - t0
-    return first, tokens
+    for attempt in range(MAX_ATTEMPTS):
+        first = 0.0
+        tokens = 0
+        try:
+            response = await client.chat.completions.create(
+                model=server.model,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=max_tokens,
+                temperature=0.0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            async for chunk in response:
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+                if chunk.choices and chunk.choices[0].delta.content and not first:
+                    first = time.perf_counter() - t0
+            return first, tokens
+        except openai.APIConnectionError:
+            if first or attempt == MAX_ATTEMPTS - 1:
+                raise
+            RESETS[server.name] = RESETS.get(server.name, 0) + 1
+    raise AssertionError("unreachable")
 
 
 def _distinct(question: str) -> list[dict[str, str]]:
@@ -254,7 +268,7 @@ def _p90(values: Sequence[float]) -> float:
 def summarize(samples: LoadSamples) -> dict[str, Any]:
     """Per server and concurrency: aggregate tok/s and TTFT (median, p90) over all streams
     of all rounds; trexo's node CPU per streamed token; second-turn TTFTs."""
-    out: dict[str, Any] = {"load": {}, "turns": {}}
+    out: dict[str, Any] = {"load": {}, "turns": {}, "connection_resets_retried": dict(RESETS)}
     for name, by_concurrency in samples.load.items():
         for concurrency, runs in by_concurrency.items():
             ttfts = [t for run in runs for t in run.ttfts_s]
