@@ -251,9 +251,14 @@ class ClusterClient:
         ]
 
     def find_model(self, model_id: str) -> ModelRef:
-        for listing in self.models():
-            if listing.model.model_id == model_id:
-                return listing.model
+        """The model `model_id` names: as placed in the cluster, else from the catalog.
+        (On every chat request: no listing flags, no look at the disk, unless needed.)"""
+        for instance in self.current_state().instances.values():
+            if instance.model.model_id == model_id:
+                return instance.model
+        for model in self._catalog():
+            if model.model_id == model_id:
+                return model
         raise ModelNotFound(f"model {model_id!r} is not known to this cluster")
 
     async def resolve_model(self, model_id: str) -> ModelRef:
