@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 from filelock import FileLock
 
+from trexo.durable import fsync_dir
 from trexo.errors import CorruptDownload
 from trexo.hub.cache import RepoCache
 from trexo.hub.files import RepoFile
@@ -112,7 +113,7 @@ def _download(
         partial.unlink(missing_ok=True)
         raise CorruptDownload(f"{cache.repo_id}/{file.name}: {problem}; fetching it again")
     partial.replace(cache.blob(etag))
-    _fsync_dir(partial.parent)
+    fsync_dir(partial.parent)
 
 
 class ContentCheck:
@@ -189,14 +190,6 @@ class _HashingWriter:
         else:  # never done by huggingface_hub: a cut midway cannot be un-hashed
             raise CorruptDownload(f"{self._check._file.name}: cut to {cut} bytes midway")
         return cut
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _progress_class(on_bytes: BytesCallback) -> type:

@@ -45,6 +45,7 @@ from trexo.config import (
     EVENT_LOG_OPEN_ATTEMPTS,
     EVENT_LOG_OPEN_RETRY_S,
 )
+from trexo.durable import fsync_dir
 from trexo.errors import MalformedMessage
 from trexo.fd_limit import retry_on_fd_exhaustion
 from trexo.types.events import IndexedEvent
@@ -225,16 +226,8 @@ def _open_for_append(path: Path) -> BinaryIO:
     try:
         # Make a new file's directory entry durable too; done on every open so that a retry
         # after a failure here (`open_event_log`) still does it.
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         file.close()
         raise
     return file
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
