@@ -14,7 +14,6 @@ takes requests and posts chunks.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import queue
@@ -441,12 +440,22 @@ class ComputeThread:
             jobs = self._next_jobs(block=idle, timeout=idle_tick)
             if self._hooks.stop_check_delay:
                 time.sleep(self._hooks.stop_check_delay)
+            start = []
+            for job in jobs:
+                if isinstance(job, LoadModel):
+                    log.warning("already serving a rank group: ignoring a second LoadModel")
+                elif self._should_stop(job.request_id):  # cancelled while queued
+                    never_run = Usage(0, 0)
+                    self._send_chunk(
+                        Chunk(job.request_id, "", finish_reason="cancelled", usage=never_run)
+                    )
+                    self._forget(job.request_id)
+                else:
+                    start.append(_seeded(job))
             with self._lock:
                 cancelled = tuple(sorted(rid for rid in self._cancelled if rid in self._batch))
-            start = tuple(_seeded(job) for job in jobs if isinstance(job, GenerationRequest))
-            if any(isinstance(job, LoadModel) for job in jobs):
-                log.warning("already serving a rank group: ignoring a second LoadModel")
-            self._group_step(link, self._share_step(link, GroupStep(start, cancelled)))
+            step = GroupStep(tuple(start), cancelled)
+            self._group_step(link, self._share_step(link, step))
 
     def _follow(self, link: GroupLink) -> None:
         """Rank > 0: do what rank 0 shares, until the group ends."""
@@ -481,10 +490,7 @@ class ComputeThread:
         lead = link.is_lead
         try:
             for request in step.start:
-                if lead:
-                    self._start(request)
-                else:
-                    self._add_silently(request)
+                self._add_shared(request, lead)
             for rid in step.cancel:
                 final = self._batch.remove(rid)
                 if lead and final is not None:
@@ -504,11 +510,23 @@ class ComputeThread:
             log.exception("rank %d: a generation step failed", link.rank)
             raise GroupBroken(f"{type(exc).__name__}: {exc}") from exc
 
-    def _add_silently(self, request: GenerationRequest) -> None:
-        """A rank > 0 adds what rank 0 added (it refuses alike, and says nothing)."""
+    def _add_shared(self, request: GenerationRequest, lead: bool) -> None:
+        """Add what rank 0 shared, as every rank does: whatever happened since (a cancel is
+        the next step's), so that every rank's batch stays the same. A request that cannot
+        be served is refused alike on every rank (the same check of the same prompt); rank
+        0 says so."""
         assert self._engine is not None and self._batch is not None
-        with contextlib.suppress(ValueError):
+        rid = request.request_id
+        try:
             self._batch.add(request, self._engine.admit(request))
+        except ValueError as exc:
+            if lead:
+                log.info("generation %s refused: %s", rid, exc)
+                self._post(RequestFailed(rid, str(exc), FailureKind.INVALID_REQUEST))
+                self._forget(rid)
+            return
+        if lead:
+            self._status(RunnerRunning(len(self._batch)))
 
     def _fail_all(self, message: str) -> None:
         """Rank 0: every generation queued or in flight fails with `message`, retryably."""
