@@ -204,6 +204,39 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument(
         "--force-master", action="store_true", help="this node always wins elections"
     )
+    _add_history_options(parser)
+
+
+def _add_history_options(parser: argparse.ArgumentParser) -> None:
+    from trexo.config import RETAINED_LOG_BYTES, RETAINED_SESSIONS, SNAPSHOT_EVERY_EVENTS
+
+    history = parser.add_argument_group(
+        "history",
+        "The master logs the cluster's state changes (never prompts) to <data dir>/events, "
+        "snapshots the state every so many events and keeps only the snapshot and the "
+        "events after it, in memory and on disk.",
+    )
+    history.add_argument(
+        "--snapshot-every",
+        type=_positive_int,
+        default=SNAPSHOT_EVERY_EVENTS,
+        metavar="N",
+        help="events between two snapshots (default: %(default)s)",
+    )
+    history.add_argument(
+        "--keep-sessions",
+        type=_positive_int,
+        default=RETAINED_SESSIONS,
+        metavar="N",
+        help="sessions whose logs are kept on disk, the current one counted (default: %(default)s)",
+    )
+    history.add_argument(
+        "--keep-log-mib",
+        type=_non_negative_int,
+        default=RETAINED_LOG_BYTES // MIB,
+        metavar="MIB",
+        help="at most this much of them; the oldest go first (default: %(default)s)",
+    )
 
 
 def _add_limit_options(parser: argparse.ArgumentParser) -> None:
@@ -347,7 +380,14 @@ def demo_model_command(args: argparse.Namespace) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     from trexo import catalog
-    from trexo.config import ApiConfig, DiscoveryConfig, NodeConfig, RunnerConfig, TransportConfig
+    from trexo.config import (
+        ApiConfig,
+        DiscoveryConfig,
+        MasterConfig,
+        NodeConfig,
+        RunnerConfig,
+        TransportConfig,
+    )
     from trexo.errors import HubError, ModelNotFound
     from trexo.fd_limit import raise_fd_limit
 
@@ -389,6 +429,11 @@ def run_command(args: argparse.Namespace) -> int:
             static_peers=tuple(args.peer),
             multicast=not args.no_multicast,
             discovery_port=args.discovery_port,
+        ),
+        master=MasterConfig(
+            snapshot_every_events=args.snapshot_every,
+            retained_sessions=args.keep_sessions,
+            retained_log_bytes=args.keep_log_mib * MIB,
         ),
         force_master=args.force_master,
         default_model=default,

@@ -25,6 +25,7 @@ from trexo.config import (
     COMMAND_WAIT_S,
     GENERATION_IDLE_TIMEOUT_S,
     ORPHAN_GRACE_S,
+    STREAM_SEND_TIMEOUT_S,
 )
 from trexo.errors import (
     ClusterError,
@@ -62,7 +63,7 @@ from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerReady, RunnerRunning
 from trexo.types.session import Session
 from trexo.types.state import State
-from trexo.types.stream import CommandReply, StreamFailed
+from trexo.types.stream import CommandReply, StreamFailed, TaskBody
 from trexo.worker.state_view import StateView
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,7 @@ class ClusterClient:
         resolve_hub_model: Callable[[str], ModelRef] | None = None,
         on_disk: Callable[[ModelRef], bool] = lambda _: False,
         prompt_caches: Callable[[], dict[RunnerId, PromptCacheStats]] = dict,
+        history: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self._prompt_counter = prompt_counter
         self._accepted_in: dict[RequestId, Session] = {}
@@ -190,6 +192,7 @@ class ClusterClient:
         """Blocking (the hub's API, in a worker thread): a repo id -> a pinned model."""
         self._on_disk = on_disk
         self._prompt_caches = prompt_caches
+        self._history = history
         self._command_wait = command_wait
         self._idle_timeout = idle_timeout
         self.node_id: NodeId = router.node_id
@@ -232,6 +235,7 @@ class ClusterClient:
                 }
                 for runner_id, cache in self._prompt_caches().items()
             },
+            "history": self._history(),
         }
 
     def models(self) -> list[ModelListing]:
@@ -431,17 +435,32 @@ class ClusterClient:
         if availability is not None and not availability.serving:
             raise ModelUnavailable(availability.reason, availability.retry_after)
         with self._hub.expect_stream(request.request_id) as events:
-            await self.command(SubmitTask(new_id(), model_id, self.node_id, request))
+            rid = request.request_id
+            reply = await self.command(SubmitTask(new_id(), model_id, self.node_id, rid))
             if self._sessions.session is not None:
-                self._accepted_in[request.request_id] = self._sessions.session
+                self._accepted_in[rid] = self._sessions.session
             stream = ChatStream(events, self._idle_timeout)
             try:
+                await self._send_body(reply.lead_node, request)
                 yield stream
             finally:
                 self._accepted_in.pop(request.request_id, None)
                 if not stream.finished:
                     with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
                         await self._cancel_quietly(request.request_id)
+
+    async def _send_body(self, lead_node: NodeId | None, request: GenerationRequest) -> None:
+        """The request goes straight to the node whose runner generates it: the master and
+        its log only ever see its id."""
+        if lead_node is None:
+            raise ModelUnavailable("the master did not say where the generation runs; retry")
+        try:
+            with trio.fail_after(STREAM_SEND_TIMEOUT_S):
+                await self._router.send(lead_node, Topic.REQUESTS, TaskBody(request))
+        except (PeerUnreachable, trio.TooSlowError):
+            raise ModelUnavailable(
+                f"the node serving this model ({lead_node}) cannot be reached; retry shortly"
+            ) from None
 
     async def _cancel_quietly(self, request_id: RequestId) -> None:
         session = self._sessions.session

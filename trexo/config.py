@@ -51,7 +51,7 @@ class Paths:
 
     @property
     def events_dir(self) -> Path:
-        """The master's durable event logs, one file per session."""
+        """The master's durable event logs, a directory per session."""
         return self.data_dir / "events"
 
 
@@ -190,6 +190,11 @@ RUNNER_RESTART_POLICY = RestartPolicy(
 )
 """A runner that dies is restarted after 0.5, 1, 2 s; past 3 deaths within 60 s, every 30 s
 (a model that cannot load is not reloaded in a tight loop, and heals once it can)."""
+REQUEST_BODY_TTL_S = 30.0
+"""A request body that reached the node leading its task, unclaimed this long while its task
+is not in the state (cancelled, or lost with a session), is dropped."""
+REQUEST_BODIES_MAX_BYTES = 512 * 1024 * 1024
+"""Request bodies a node holds for tasks it has not forwarded yet, at most, in all."""
 FINISHED_TASKS_REMEMBERED = 10_000
 """Tasks a node remembers having finished, so a new master that missed the report is told
 again and the task is never run twice."""
@@ -219,17 +224,33 @@ EVENT_LOG_OPEN_ATTEMPTS = 20
 keep events durably, so its session ends (and the supervisor restarts it with backoff)."""
 
 
+SNAPSHOT_EVERY_EVENTS = 1000
+"""The master snapshots the state after this many events (and rolls its log there); the
+events before a snapshot leave its memory and its disk. At ~300 B an event this bounds the
+events in memory to ~1 MB, and a joiner's catch-up to one snapshot and fewer events."""
+SNAPSHOT_EVERY_S = 60.0
+"""... or at the first event this long after the last snapshot."""
+RETAINED_SESSIONS = 5
+"""Sessions whose log files a node keeps (the current one counted) ..."""
+RETAINED_LOG_BYTES = 64 * 1024 * 1024
+"""... and at most this many bytes of them, the oldest pruned first (the current session's
+files are kept whatever their size; a snapshot bounds them)."""
+
 REMEMBERED_REPLIES = 10_000
 """Replies the master keeps to answer a resent command without deciding it twice."""
 
 
 @attrs.frozen
 class MasterConfig:
-    """Knobs of the master service: placement and its event log."""
+    """Knobs of the master service: placement, its event log and its snapshots."""
 
     memory_overhead: float = PLACEMENT_MEMORY_OVERHEAD
     fsync_interval: float = EVENT_LOG_FSYNC_INTERVAL_S
     remembered_replies: int = REMEMBERED_REPLIES
+    snapshot_every_events: int = SNAPSHOT_EVERY_EVENTS
+    snapshot_every_s: float = SNAPSHOT_EVERY_S
+    retained_sessions: int = RETAINED_SESSIONS
+    retained_log_bytes: int = RETAINED_LOG_BYTES
 
 
 # --- state view ----------------------------------------------------------------------------
@@ -540,6 +561,8 @@ class NodeConfig:
     transport: TransportConfig = TransportConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     election: ElectionConfig = ElectionConfig()
+    master: MasterConfig = MasterConfig()
+    """The master's knobs, when this node is the master."""
     force_master: bool = False
     """Claim top seniority: this node wins every election it takes part in."""
     runner: RunnerConfig = RunnerConfig()

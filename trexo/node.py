@@ -32,11 +32,13 @@ from trexo.hub.resolve import resolve_model
 from trexo.identity import load_or_create_node_id
 from trexo.lifecycle import SessionSupervisor
 from trexo.master.service import Master
+from trexo.master.session_store import read_newest_session
 from trexo.net.discovery import Discovery
 from trexo.net.router import Router
 from trexo.net.stream_hub import StreamHub
 from trexo.net.transport import Transport
 from trexo.prompt_counter import PromptCounter
+from trexo.state import after_restart
 from trexo.trace import trace, tracing
 from trexo.types.ids import InstanceId, NodeId
 from trexo.types.models import ModelRef
@@ -79,6 +81,7 @@ class Node:
                 cache_root=config.hub.cache_dir,
             ),
             prompt_caches=lambda: self.pool.prompt_caches(),
+            history=self._history_report,
         )
         self.api_url: str | None = None
         self.peer_port: int | None = None
@@ -106,6 +109,45 @@ class Node:
             self._last_commands_seen = max(self._last_commands_seen, self._master.commands_seen)
         return max(self._last_commands_seen, self.sessions.state().last_index + 1)
 
+    def _history_report(self) -> dict[str, Any]:
+        """How much of the session's history this node holds (`/health`)."""
+        view = self.sessions.view
+        report: dict[str, Any] = {
+            "last_index": self.sessions.state().last_index,
+            "snapshots_applied": view.statistics().snapshots_applied if view else 0,
+            "request_bodies_held": len(self.pool.bodies.held),
+        }
+        if self._master is not None:
+            stats = self._master.statistics()
+            report.update(
+                events_in_memory=stats.events_in_memory,
+                snapshot_index=stats.snapshot_index,
+                snapshots_taken=stats.snapshots_taken,
+                log_bytes=stats.log_bytes,
+                older_sessions_log_bytes=stats.retained_log_bytes,
+            )
+        return report
+
+    async def _restore_last_state(self) -> None:
+        """A restarted node starts from what it last wrote as master: the placements it knew
+        (`after_restart`), so a cluster of one keeps its models across a restart."""
+        events_dir = self.config.paths.events_dir
+        try:
+            stored = await trio.to_thread.run_sync(read_newest_session, events_dir)
+        except OSError as exc:
+            log.warning("cannot read the event logs in %s (%s); starting afresh", events_dir, exc)
+            return
+        if stored is None:
+            return
+        state = after_restart(stored.state)
+        self.sessions.last_state = state
+        log.info(
+            "restored %d instance(s) on %d node(s) from session %d's log",
+            len(state.instances),
+            len(state.nodes),
+            stored.session.clock,
+        )
+
     def _catalog(self) -> list[ModelRef]:
         return [
             *catalog.builtin_models(),
@@ -119,6 +161,7 @@ class Node:
         log.info("node %s starting; data in %s", self.node_id, self.config.paths.data_dir)
         decided_send, decided_receive = trio.open_memory_channel[Session](math.inf)
         sessions_send, sessions_receive = trio.open_memory_channel[Session](math.inf)
+        await self._restore_last_state()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._relay_sessions, decided_receive, sessions_send)
             if tracing():
@@ -195,7 +238,11 @@ class Node:
                     # Before the view: the view's first act is to ask the master for a replay.
                     # Carry the last session's placements over; the master drops what left.
                     master = Master(
-                        self.router, session, paths.events_dir, self.sessions.last_state
+                        self.router,
+                        session,
+                        paths.events_dir,
+                        self.sessions.last_state,
+                        config=self.config.master,
                     )
                     await generation.start(master.run)
                     self._master = master

@@ -30,6 +30,7 @@ from trexo.types.events import (
     TaskFinished,
     TaskStatusChanged,
 )
+from trexo.types.runner_status import RunnerIdle
 from trexo.types.state import GroupState, RunnerRecord, State
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,26 @@ def carry_over(state: State) -> State:
         tasks=dict(state.tasks),
         groups=dict(state.groups),
         downloads=dict(state.downloads),
+    )
+
+
+def after_restart(state: State) -> State:
+    """What a node that was restarted keeps of the last state it wrote as master.
+
+    Its placements, with every runner idle (the processes died with the node) and every
+    split instance's group in a fresh epoch (new ports); the nodes it knew (a new master
+    drops those that are gone, and places their instances again where it can). Not its
+    tasks, whose streams died with it, nor downloads, which nodes report again.
+    """
+    groups = {
+        iid: GroupState.empty(group.epoch + 1, len(group.addresses))
+        for iid, group in state.groups.items()
+    }
+    return State(
+        nodes=dict(state.nodes),
+        instances=dict(state.instances),
+        runners={rid: attrs.evolve(r, status=RunnerIdle()) for rid, r in state.runners.items()},
+        groups=groups,
     )
 
 

@@ -27,6 +27,7 @@ from trexo.types import (
     ipc,
     local_events,
     runner_status,
+    snapshot,
     stream,
 )
 
@@ -78,6 +79,7 @@ register_union(commands.Command, "Command")
 register_union(events.Event, "Event")
 register_union(local_events.LocalEvent, "LocalEvent")
 register_union(stream.StreamItem, "StreamItem")
+register_union(snapshot.GlobalItem, "GlobalItem")
 register_union(election.ElectionMessage, "ElectionMessage")
 register_union(fetch.FetchEvent, "FetchEvent")
 

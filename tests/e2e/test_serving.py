@@ -15,9 +15,10 @@ import pytest
 import trio
 
 from trexo import catalog, wire
-from trexo.master.event_log import read_log
+from trexo.master.session_store import read_session, stored_sessions
 from trexo.runner.hooks import HOOKS_ENV
 from trexo.state import apply
+from trexo.types.events import TaskCreated
 from trexo.types.state import State
 
 from .harness import TrexoProcess, run_trexo, stop
@@ -205,21 +206,35 @@ async def test_sigkill_of_the_node_takes_its_runner_too(tmp_path: Path) -> None:
         assert await wait_gone(runners) == []
 
 
-async def test_the_event_log_reads_back_into_the_served_state(node: TrexoProcess) -> None:
+async def test_the_event_log_reads_back_into_the_served_state_without_the_prompt(
+    node: TrexoProcess,
+) -> None:
+    secret = "The user's own words, 7f3a9c, are nobody's history."
     async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
-        await http.post(
+        answered = await http.post(
             f"{node.url}/v1/chat/completions",
-            json={"model": MODEL, "messages": MESSAGES, "max_tokens": 2},
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": secret}],
+                "max_tokens": 2,
+            },
         )
+        assert answered.status_code == 200, answered.text
         served = (await http.get(f"{node.url}/state")).json()
-    logs = sorted((node.data_dir / "events").glob("*"))
-    assert len(logs) == 1
-    events = read_log(logs[0])
+    ((session, directory),) = stored_sessions(node.data_dir / "events")
+    stored = read_session(directory, session)
+    assert stored.snapshot is None  # far fewer events than a snapshot takes
+    events = stored.events
     assert [e.index for e in events] == list(range(len(events)))
     state = State()
     for event in events[: served["last_index"] + 1]:  # more may have come since
         state = apply(state, event)
     assert json.loads(wire.to_json(state, State)) == served
+    # The task was logged; what the user typed was not, nor is it in the state.
+    assert any(isinstance(e.event, TaskCreated) for e in events)
+    for file in directory.iterdir():
+        assert b"7f3a9c" not in file.read_bytes()
+    assert "7f3a9c" not in json.dumps(served)
 
 
 async def test_deleting_an_instance_stops_and_reaps_its_runner(node: TrexoProcess) -> None:

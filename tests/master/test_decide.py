@@ -30,7 +30,6 @@ from trexo.types.events import (
     TaskFinished,
     TaskStatusChanged,
 )
-from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.local_events import (
     DownloadReport,
@@ -52,10 +51,6 @@ NODE = NodeInfo(A, "host-a", 1024 * MiB, 1024 * MiB)
 
 def instance(iid: str, runner: str) -> Instance:
     return Instance(InstanceId(iid), MODEL, (RunnerAssignment(RunnerId(runner), A),))
-
-
-def request(rid: str) -> GenerationRequest:
-    return GenerationRequest(RequestId(rid), prompt="hello")
 
 
 def decide(state: State, command: object) -> Accepted | Refused:
@@ -106,20 +101,20 @@ def test_delete() -> None:
 
 def test_submit_creates_a_task_named_by_the_request() -> None:
     state = apply_all(State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1"))])
-    decision = decide(state, SubmitTask("c", "m", NodeId("origin"), request("q1")))
-    task = Task(RequestId("q1"), InstanceId("i1"), NodeId("origin"), request("q1"))
+    decision = decide(state, SubmitTask("c", "m", NodeId("origin"), RequestId("q1")))
+    task = Task(RequestId("q1"), InstanceId("i1"), NodeId("origin"))
     assert decision == Accepted((TaskCreated(task),), "q1")
-    assert decide(state, SubmitTask("c", "other", A, request("q2"))) == Refused(
+    assert decide(state, SubmitTask("c", "other", A, RequestId("q2"))) == Refused(
         "model other is not placed in the cluster", RefusalKind.MODEL_NOT_FOUND
     )
     state = apply_all(state, [TaskCreated(task)])
-    duplicate = decide(state, SubmitTask("c", "m", A, request("q1")))
+    duplicate = decide(state, SubmitTask("c", "m", A, RequestId("q1")))
     assert isinstance(duplicate, Refused)
     assert duplicate.kind == RefusalKind.INVALID
 
 
 def test_cancel() -> None:
-    task = Task(RequestId("q1"), InstanceId("i1"), A, request("q1"))
+    task = Task(RequestId("q1"), InstanceId("i1"), A)
     state = apply_all(State(), [InstanceCreated(instance("i1", "r1")), TaskCreated(task)])
     assert decide(state, CancelTask("c", RequestId("q1"))) == Accepted(
         (TaskFinished(RequestId("q1"), "cancelled"),), "q1"
@@ -148,14 +143,14 @@ def test_choose_instance_prefers_ready_then_fewest_tasks() -> None:
     ]
     state = apply_all(state, ready)
     assert choose_instance(state, "m").instance_id == "i1"  # type: ignore[union-attr]
-    busy = Task(RequestId("q"), InstanceId("i1"), A, request("q"))
+    busy = Task(RequestId("q"), InstanceId("i1"), A)
     state = apply_all(state, [TaskCreated(busy)])
     assert choose_instance(state, "m").instance_id == "i2"  # type: ignore[union-attr]
     assert choose_instance(state, "unplaced") is None
 
 
 def test_local_events_become_events_only_when_they_change_something() -> None:
-    task = Task(RequestId("q1"), InstanceId("i1"), A, request("q1"))
+    task = Task(RequestId("q1"), InstanceId("i1"), A)
     state = apply_all(
         State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1")), TaskCreated(task)]
     )
@@ -199,7 +194,7 @@ def test_a_lost_node_takes_its_instances_and_their_tasks_with_it() -> None:
         instance("ia", "ra"),
         Instance(InstanceId("ib"), MODEL, (RunnerAssignment(RunnerId("rb"), b),)),
     )
-    task = Task(RequestId("t"), on_b.instance_id, A, request("t"))
+    task = Task(RequestId("t"), on_b.instance_id, A)
     state = apply_all(
         State(),
         [
@@ -218,6 +213,24 @@ def test_a_lost_node_takes_its_instances_and_their_tasks_with_it() -> None:
     assert set(after.instances) == {on_a.instance_id}
     assert after.tasks == {}
     assert decide_nodes_lost(after, frozenset({A})) == []
+
+
+def test_the_tasks_a_lost_node_asked_for_end_and_nobody_is_told() -> None:
+    b = NodeId("b")
+    asked_by_b = Task(RequestId("t"), InstanceId("ia"), b)
+    state = apply_all(
+        State(),
+        [
+            NodeUpdated(NODE),
+            NodeUpdated(NodeInfo(b, "host-b", 1024 * MiB, 1024 * MiB)),
+            InstanceCreated(instance("ia", "ra")),
+            TaskCreated(asked_by_b),
+        ],
+    )
+    events = decide_nodes_lost(state, frozenset({A}))
+    assert events == [TaskFinished(asked_by_b.task_id, "cancelled"), NodeRemoved(b)]
+    assert orphaned_tasks(state, events) == []
+    assert apply_all(state, events).tasks == {}
 
 
 def test_a_lost_nodes_demo_instances_are_placed_again_on_a_survivor_if_they_fit() -> None:
@@ -288,10 +301,10 @@ def test_small_memory_drifts_are_not_events_but_real_changes_are() -> None:
 
 def test_a_task_in_flight_that_the_master_missed_is_adopted_once() -> None:
     state = apply_all(State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1"))])
-    missed = Task(RequestId("q1"), InstanceId("i1"), A, request("q1"))
+    missed = Task(RequestId("q1"), InstanceId("i1"), A)
     (adopted,) = decide_local_event(state, TaskInFlight(missed))
     assert adopted == TaskCreated(attrs.evolve(missed, status="running"))
     state = apply_all(state, [adopted])
     assert decide_local_event(state, TaskInFlight(missed)) == []  # known now
-    stray = Task(RequestId("q2"), InstanceId("gone"), A, request("q2"))
+    stray = Task(RequestId("q2"), InstanceId("gone"), A)
     assert decide_local_event(state, TaskInFlight(stray)) == []  # its instance is gone

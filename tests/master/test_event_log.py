@@ -11,7 +11,8 @@ import trio
 
 from trexo import wire
 from trexo.errors import MalformedMessage
-from trexo.master.event_log import log_path, open_event_log, read_log, scan_log
+from trexo.master.event_log import open_event_log, read_log, scan_log
+from trexo.master.session_store import segment_path, session_dir
 from trexo.types.events import IndexedEvent, NodeRemoved, NodeUpdated
 from trexo.types.ids import NodeId
 from trexo.types.session import Session
@@ -28,12 +29,20 @@ def events(n: int, start: int = 0) -> list[IndexedEvent]:
     ]
 
 
+def new_segment(events_dir: Path) -> Path:
+    """The first segment's path in a fresh session directory."""
+    directory = session_dir(events_dir, SESSION)
+    directory.mkdir(parents=True, exist_ok=True)
+    return segment_path(directory, 0)
+
+
 def test_log_path_names_the_session(tmp_path: Path) -> None:
-    assert log_path(tmp_path, SESSION) == tmp_path / "session-3-master.jsonl"
+    path = new_segment(tmp_path)
+    assert path == tmp_path / "session-3-master" / "events-0.jsonl"
 
 
 async def test_appends_read_back_in_order(tmp_path: Path) -> None:
-    path = log_path(tmp_path / "events", SESSION)  # the directory is created
+    path = segment_path(session_dir(tmp_path / "events", SESSION), 0)  # the directory is created
     with trio.fail_after(BOUND_S):
         async with open_event_log(path) as ev_log:
             for event in events(5):
@@ -46,7 +55,7 @@ async def test_appends_read_back_in_order(tmp_path: Path) -> None:
 
 
 async def test_fsync_is_batched_and_done_on_close(tmp_path: Path) -> None:
-    path = log_path(tmp_path, SESSION)
+    path = new_segment(tmp_path)
     with trio.fail_after(BOUND_S):
         async with open_event_log(path, fsync_interval=3600.0) as ev_log:
             for event in events(20):
@@ -64,7 +73,7 @@ async def test_fsync_is_batched_and_done_on_close(tmp_path: Path) -> None:
 
 
 async def test_fsync_every_event_when_the_interval_is_zero(tmp_path: Path) -> None:
-    path = log_path(tmp_path, SESSION)
+    path = new_segment(tmp_path)
     with trio.fail_after(BOUND_S):
         async with open_event_log(path, fsync_interval=0) as ev_log:
             for event in events(3):
@@ -75,7 +84,7 @@ async def test_fsync_every_event_when_the_interval_is_zero(tmp_path: Path) -> No
 
 async def test_append_adds_well_under_a_millisecond(tmp_path: Path) -> None:
     """A sanity bound, not a benchmark: the median append with the default policy."""
-    path = log_path(tmp_path, SESSION)
+    path = new_segment(tmp_path)
     times = []
     with trio.fail_after(BOUND_S):
         async with open_event_log(path) as ev_log:
@@ -90,7 +99,7 @@ async def test_append_adds_well_under_a_millisecond(tmp_path: Path) -> None:
 def test_a_truncated_last_line_is_skipped_with_a_log_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = log_path(tmp_path, SESSION)
+    path = new_segment(tmp_path)
     whole = b"".join(wire.to_json(e, IndexedEvent) + b"\n" for e in events(3))
     path.write_bytes(whole + wire.to_json(events(1, start=3)[0], IndexedEvent)[:25])
     with caplog.at_level(logging.WARNING, logger="trexo.master.event_log"):
@@ -100,7 +109,7 @@ def test_a_truncated_last_line_is_skipped_with_a_log_line(
 
 
 def test_a_corrupt_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
-    path = log_path(tmp_path, SESSION)
+    path = new_segment(tmp_path)
     good = wire.to_json(events(1)[0], IndexedEvent)
     path.write_bytes(good + b"\n" + b'{"not": "an event"}\n' + good + b"\n")
     with pytest.raises(MalformedMessage, match="line 2"):
@@ -108,7 +117,7 @@ def test_a_corrupt_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
 
 
 async def test_reopening_cuts_a_truncated_line_and_appends_cleanly(tmp_path: Path) -> None:
-    path = log_path(tmp_path, SESSION)
+    path = new_segment(tmp_path)
     first = b"".join(wire.to_json(e, IndexedEvent) + b"\n" for e in events(2))
     path.write_bytes(first + b'{"session": {"clo')
     more = IndexedEvent(SESSION, 2, NodeRemoved(NodeId("n0")))

@@ -9,7 +9,8 @@ import trio
 from fd_exhaustion import exhausted_fds
 
 from trexo.fd_limit import is_fd_exhaustion
-from trexo.master.event_log import log_path, open_event_log, read_log
+from trexo.master.event_log import open_event_log, read_log
+from trexo.master.session_store import segment_path, session_dir
 from trexo.types.events import IndexedEvent, NodeUpdated
 from trexo.types.ids import NodeId
 from trexo.types.session import Session
@@ -23,7 +24,7 @@ BOUND_S = 10.0
 async def test_open_waits_for_descriptors_then_logs(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = log_path(tmp_path / "events", SESSION)
+    path = segment_path(session_dir(tmp_path / "events", SESSION), 0)
     appended = trio.Event()
 
     async def master() -> None:
@@ -45,7 +46,7 @@ async def test_open_waits_for_descriptors_then_logs(
 async def test_open_gives_up_after_its_attempts(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = log_path(tmp_path, SESSION)
+    path = segment_path(session_dir(tmp_path, SESSION), 0)
     with trio.fail_after(BOUND_S), exhausted_fds(), pytest.raises(OSError) as raised:
         async with open_event_log(path, open_attempts=3, open_retry=0.01):
             pytest.fail("opened without a file descriptor")

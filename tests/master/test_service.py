@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from trexo.config import MasterConfig
-from trexo.master.event_log import log_path, read_log
 from trexo.master.service import Master
+from trexo.master.session_store import read_session, session_dir
 from trexo.net.router import Envelope, Router
 from trexo.net.topics import Topic
 from trexo.state import apply_all
@@ -34,7 +34,6 @@ from trexo.types.events import (
     TaskCreated,
     TaskFinished,
 )
-from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.local_events import LocalEvent, NodeReport, RunnerReport, TaskReport
 from trexo.types.models import ModelRef
@@ -52,12 +51,13 @@ SESSION = Session(1, ME)
 SMALL = ModelRef("trexo-demo-small", "demo:small", 80 * MiB)  # needs 96 MiB
 
 
+def logged(events_dir: Path, session: Session) -> list[IndexedEvent]:
+    """The events of `session` its master's files hold after their last snapshot."""
+    return list(read_session(session_dir(events_dir, session), session).events)
+
+
 def node(node_id: NodeId, available: int) -> NodeInfo:
     return NodeInfo(node_id, f"host-{node_id}", 4 * available, available)
-
-
-def request(rid: str) -> GenerationRequest:
-    return GenerationRequest(RequestId(rid), prompt="hello")
 
 
 @attrs.define
@@ -90,12 +90,17 @@ class Harness:
 
 @asynccontextmanager
 async def running(
-    log_dir: Path, initial_state: State | None = None, *, session: Session = SESSION
+    log_dir: Path,
+    initial_state: State | None = None,
+    *,
+    session: Session = SESSION,
+    config: MasterConfig | None = None,
 ) -> AsyncIterator[Harness]:
     router = Router(ME)
     with trio.fail_after(BOUND_S):
         async with trio.open_nursery() as nursery:
-            master = await nursery.start(Master(router, session, log_dir, initial_state).run)
+            master = Master(router, session, log_dir, initial_state, config=config)
+            await nursery.start(master.run)
             view = await nursery.start(StateView(router, session).run)
             with router.subscribe(Topic.STREAM) as replies:
                 yield Harness(router, master, view, replies)
@@ -130,16 +135,16 @@ async def test_view_converges_with_the_master(tmp_path: Path) -> None:
         await h.report(
             RunnerReport(runner, iid, RunnerLoading(0.5)), RunnerReport(runner, iid, RunnerReady())
         )
-        submitted = await h.command(lambda c: SubmitTask(c, SMALL.model_id, PEER, request("q1")))
+        submitted = await h.command(lambda c: SubmitTask(c, SMALL.model_id, PEER, RequestId("q1")))
         assert submitted.result_id == "q1"
-        await h.command(lambda c: SubmitTask(c, SMALL.model_id, PEER, request("q2")))
+        await h.command(lambda c: SubmitTask(c, SMALL.model_id, PEER, RequestId("q2")))
         await h.report(
             TaskReport(RequestId("q1"), "running"),
             TaskReport(RequestId("q2"), finish_reason="stop"),
         )
         cancelled = await h.command(lambda c: CancelTask(c, RequestId("q1")))
         assert cancelled.result_id == "q1"
-        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, request("q3")))
+        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, RequestId("q3")))
 
         state = await h.converged()
         assert state.runners[runner].status == RunnerReady()
@@ -160,7 +165,6 @@ async def test_indices_are_contiguous_from_zero_and_logged_before_broadcast(
 ) -> None:
     seen: list[IndexedEvent] = []
     router = Router(ME)
-    path = log_path(tmp_path, SESSION)
     with trio.fail_after(BOUND_S), router.subscribe(Topic.GLOBAL_EVENTS) as broadcast:
         async with trio.open_nursery() as nursery:
             await nursery.start(Master(router, SESSION, tmp_path).run)
@@ -170,7 +174,7 @@ async def test_indices_are_contiguous_from_zero_and_logged_before_broadcast(
                 event = envelope.payload
                 assert envelope.sender == ME
                 # The record is on disk (flushed) before anyone hears of the event.
-                assert read_log(path)[event.index] == event
+                assert logged(tmp_path, SESSION)[event.index] == event
                 seen.append(event)
                 if len(seen) == 5:
                     break
@@ -209,7 +213,7 @@ async def test_unknown_ids_are_refused_as_not_found(tmp_path: Path) -> None:
         ).error_kind == RefusalKind.INSTANCE_NOT_FOUND
         cancel = await h.command(lambda c: CancelTask(c, RequestId("x")))
         assert cancel.error_kind == RefusalKind.TASK_NOT_FOUND
-        submit = await h.command(lambda c: SubmitTask(c, "nope", ME, request("q")))
+        submit = await h.command(lambda c: SubmitTask(c, "nope", ME, RequestId("q")))
         assert submit.error_kind == RefusalKind.MODEL_NOT_FOUND
         assert (await place(h, NodeId("ghost"))).error_kind == RefusalKind.NODE_NOT_FOUND
         bad = await h.command(lambda c: RequestReplay(c, -1))
@@ -224,16 +228,16 @@ async def test_log_on_disk_reads_back_into_the_same_state(tmp_path: Path) -> Non
         await h.report(NodeReport(node(ME, 500 * MiB)))
         await h.view.wait_until(lambda s: bool(s.nodes))
         iid = InstanceId((await place(h)).result_id or "")
-        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, request("q1")))
+        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, RequestId("q1")))
         await h.report(TaskReport(RequestId("q1"), "running"))
         state = await h.view.wait_until(
             lambda s: bool(s.tasks) and s.tasks[RequestId("q1")].status == "running"
         )
         assert iid in state.instances
         final = h.master.state
-    logged = read_log(log_path(tmp_path, SESSION))
-    assert [e.index for e in logged] == list(range(len(logged)))
-    assert apply_all(State(), logged) == final
+    in_log = logged(tmp_path, SESSION)
+    assert [e.index for e in in_log] == list(range(len(in_log)))
+    assert apply_all(State(), in_log) == final
 
 
 async def test_replay_sends_the_sender_every_event_from_the_index(tmp_path: Path) -> None:
@@ -316,8 +320,8 @@ async def test_a_restarted_master_resumes_its_session_log(tmp_path: Path) -> Non
         state = await h.converged()
         assert set(state.instances) == {first.result_id, second.result_id}
         assert state.last_index == before.last_index + 1
-    logged = read_log(log_path(tmp_path, SESSION))
-    assert [e.index for e in logged] == list(range(state.last_index + 1))
+    in_log = logged(tmp_path, SESSION)
+    assert [e.index for e in in_log] == list(range(state.last_index + 1))
 
 
 async def test_a_new_session_rebuilds_the_previous_state_in_its_log(tmp_path: Path) -> None:
@@ -327,7 +331,7 @@ async def test_a_new_session_rebuilds_the_previous_state_in_its_log(tmp_path: Pa
         iid = InstanceId((await place(h)).result_id or "")
         runner = h.master.state.instances[iid].lead.runner_id
         await h.report(RunnerReport(runner, iid, RunnerReady()))
-        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, request("q1")))
+        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, RequestId("q1")))
         old = await h.converged()
     new_session = Session(2, ME)
     assert old.tasks
@@ -341,7 +345,7 @@ async def test_a_new_session_rebuilds_the_previous_state_in_its_log(tmp_path: Pa
         assert state.runners[runner].status == RunnerReady()
         assert state.tasks == old.tasks
         assert state.opened
-        events = read_log(log_path(tmp_path, new_session))
+        events = logged(tmp_path, new_session)
         assert [type(e.event) for e in events] == [
             NodeUpdated,
             InstanceCreated,
@@ -357,10 +361,11 @@ async def test_cancel_emits_task_finished_cancelled(tmp_path: Path) -> None:
         await h.report(NodeReport(node(ME, 500 * MiB)))
         await h.view.wait_until(lambda s: bool(s.nodes))
         await place(h)
-        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, request("q1")))
+        submitted = await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, RequestId("q1")))
+        assert submitted.lead_node == ME  # where the origin sends the request itself
         await h.command(lambda c: CancelTask(c, RequestId("q1")))
         await h.converged()
-    last = read_log(log_path(tmp_path, SESSION))[-1].event
+    last = logged(tmp_path, SESSION)[-1].event
     assert last == TaskFinished(RequestId("q1"), "cancelled")
 
 
@@ -373,7 +378,7 @@ async def test_fsync_every_event_policy_works_end_to_end(tmp_path: Path) -> None
             await router.publish(Topic.LOCAL_EVENTS, NodeReport(node(ME, MiB)))
             assert (await broadcast.receive()).payload.index == 0
             nursery.cancel_scope.cancel()
-    assert len(read_log(log_path(tmp_path, SESSION))) == 1
+    assert len(logged(tmp_path, SESSION)) == 1
 
 
 async def test_a_resent_command_is_decided_once_and_answered_again(tmp_path: Path) -> None:
@@ -414,3 +419,36 @@ async def test_a_node_that_leaves_takes_its_instances_with_it(tmp_path: Path) ->
         state = await h.view.wait_until(lambda s: PEER not in s.nodes)
     assert state.instances == {}
     assert set(state.nodes) == {ME}
+
+
+async def test_snapshots_bound_the_history_in_memory_and_on_disk(tmp_path: Path) -> None:
+    config = MasterConfig(snapshot_every_events=5)
+    async with running(tmp_path, config=config) as h:
+        await h.report(*(NodeReport(NodeInfo(ME, f"h{k}", 100, k)) for k in range(23)))
+        before = await h.view.wait_until(lambda s: s.last_index == 23)  # 0 is SessionOpened
+        stats = h.master.statistics()
+        assert (stats.events_emitted, stats.snapshot_index, stats.events_in_memory) == (24, 19, 4)
+        assert stats.snapshots_taken == 4
+        directory = session_dir(tmp_path, SESSION)
+        assert sorted(p.name for p in directory.iterdir()) == [
+            "events-20.jsonl",
+            "snapshot-19.json",
+        ]
+        assert stats.log_bytes == sum(p.stat().st_size for p in directory.iterdir())
+    # The same session's master, restarted, resumes from the snapshot and the tail.
+    async with running(tmp_path, config=config) as h:
+        assert h.master.state == before
+        await h.report(NodeReport(NodeInfo(ME, "again", 100, 0)))
+        after = await h.view.wait_until(lambda s: s.last_index == 24)
+        assert after.nodes[ME].hostname == "again"
+
+
+async def test_old_sessions_are_pruned_to_the_retention(tmp_path: Path) -> None:
+    for clock in range(1, 5):
+        old = session_dir(tmp_path, Session(clock, PEER))
+        old.mkdir(parents=True)
+        (old / "events-0.jsonl").write_bytes(b"")
+    current = Session(9, ME)
+    async with running(tmp_path, session=current, config=MasterConfig(retained_sessions=2)) as h:
+        await settled(h)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["session-4-peer", "session-9-me"]

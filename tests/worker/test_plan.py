@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from trexo.state import apply_all
 from trexo.types.events import InstanceCreated, RankAddressed
-from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.models import ModelRef
 from trexo.types.shard import ShardSpec
@@ -44,9 +43,7 @@ def state_with(*instances: Instance, tasks: tuple[Task, ...] = ()) -> State:
 
 
 def task(tid: str, iid: str) -> Task:
-    return Task(
-        RequestId(tid), InstanceId(iid), OTHER, GenerationRequest(RequestId(tid), prompt="x")
-    )
+    return Task(RequestId(tid), InstanceId(iid), OTHER)
 
 
 def test_starts_the_runners_assigned_here_only() -> None:
@@ -74,10 +71,12 @@ def test_stops_runners_whose_instance_is_gone() -> None:
     assert plan(State(), local) == [StopRunner(RunnerId("old"))]
 
 
-def test_forwards_tasks_of_a_local_lead_runner_once() -> None:
+def test_forwards_tasks_of_a_local_lead_runner_once_their_request_is_here() -> None:
     mine = instance("i1", ME, "r1")
     t = task("t1", "i1")
-    running = LocalWorld(ME, runners=frozenset({RunnerId("r1")}))
+    no_body = LocalWorld(ME, runners=frozenset({RunnerId("r1")}))
+    assert plan(state_with(mine, tasks=(t,)), no_body) == []
+    running = LocalWorld(ME, runners=frozenset({RunnerId("r1")}), bodies=frozenset({t.task_id}))
     assert plan(state_with(mine, tasks=(t,)), running) == [ForwardTask(t, RunnerId("r1"))]
     taken = LocalWorld(
         ME,
@@ -102,7 +101,7 @@ def test_the_lead_is_rank_zero() -> None:
             RunnerAssignment(RunnerId("r-rank0"), OTHER, ShardSpec(0, 2, rank=0, world_size=2)),
         ),
     )
-    local = LocalWorld(ME, runners=frozenset({RunnerId("r-rank1")}))
+    local = LocalWorld(ME, runners=frozenset({RunnerId("r-rank1")}), bodies=frozenset({"t"}))
     assert plan(state_with(split, tasks=(task("t", "i"),)), local) == []
 
 
@@ -133,7 +132,8 @@ def test_executing_the_plan_reaches_a_fixed_point(
     instances = [instance(f"i{n}", node, f"r{n}") for n, (node, _) in enumerate(specs)]
     tasks = tuple(task(f"t{k}", f"i{n}") for k, n in enumerate(task_on) if n < len(instances))
     state = state_with(*instances, tasks=tasks)
-    local = LocalWorld(ME)
+    bodies = frozenset(t.task_id for t in tasks)
+    local = LocalWorld(ME, bodies=bodies)
     for _ in range(3):
         actions = plan(state, local)
         runners, taken, inflight = set(local.runners), set(local.taken), set(local.inflight)
@@ -144,7 +144,9 @@ def test_executing_the_plan_reaches_a_fixed_point(
                 case ForwardTask(task=t):
                     taken.add(t.task_id)
                     inflight.add(t.task_id)
-        local = LocalWorld(ME, frozenset(runners), frozenset(taken), frozenset(inflight))
+        local = LocalWorld(
+            ME, frozenset(runners), frozenset(taken), frozenset(inflight), bodies=bodies
+        )
     assert plan(state, local) == []
     mine = {i.assignments[0].runner_id for i in instances if i.assignments[0].node_id == ME}
     assert local.runners == mine

@@ -19,7 +19,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trexo.config import StateViewConfig
+from trexo.config import MasterConfig, StateViewConfig
 from trexo.master.service import Master
 from trexo.net.router import Envelope, Router
 from trexo.net.topics import Topic
@@ -29,6 +29,7 @@ from trexo.types.events import IndexedEvent, NodeUpdated
 from trexo.types.ids import NodeId
 from trexo.types.local_events import NodeReport
 from trexo.types.session import Session
+from trexo.types.snapshot import StateSnapshot
 from trexo.types.state import NodeInfo, State
 from trexo.worker.state_view import ReorderBuffer, StateView
 
@@ -313,4 +314,51 @@ async def test_views_of_a_real_master_converge_despite_a_lost_event(tmp_path: Pa
             assert dropped == [3]
             assert state == master.state
             assert view.statistics().replay_requests >= 2
+            nursery.cancel_scope.cancel()
+
+
+# --- snapshots -----------------------------------------------------------------------------
+
+
+def snapshot(index: int) -> StateSnapshot:
+    return StateSnapshot(SESSION, index, expected(index + 1))
+
+
+async def test_a_snapshot_takes_the_view_past_its_gap() -> None:
+    async with fake_master() as m:
+        await m.publish(0, 1, 11)  # 11 waits behind a gap
+        await m.view.wait_until(lambda s: s.last_index == 1)
+        await m.router.publish(Topic.GLOBAL_EVENTS, snapshot(9))
+        await m.publish(10)
+        state = await m.view.wait_until(lambda s: s.last_index == 11)
+        assert state == expected(12)
+        assert m.view.statistics().snapshots_applied == 1
+
+
+async def test_a_view_ahead_of_a_snapshot_ignores_it() -> None:
+    async with fake_master() as m:
+        await m.publish(*range(6))
+        await m.view.wait_until(lambda s: s.last_index == 5)
+        await m.router.publish(Topic.GLOBAL_EVENTS, snapshot(3))
+        await m.publish(6)
+        assert await m.view.wait_until(lambda s: s.last_index == 6) == expected(7)
+        assert m.view.statistics().snapshots_applied == 0
+
+
+async def test_a_late_joiner_catches_up_from_the_masters_snapshot(tmp_path: Path) -> None:
+    router = Router(ME)
+    config = MasterConfig(snapshot_every_events=4)
+    with trio.fail_after(BOUND_S):
+        async with trio.open_nursery() as nursery:
+            master = await nursery.start(Master(router, SESSION, tmp_path, config=config).run)
+            for k in range(10):
+                await router.publish(Topic.LOCAL_EVENTS, NodeReport(NodeInfo(ME, f"h{k}", 100, k)))
+            early = await nursery.start(StateView(router, SESSION).run)
+            await early.wait_until(lambda s: s.last_index == 10)  # the master has done all
+            late = await nursery.start(StateView(router, SESSION).run)
+            state = await late.wait_until(lambda s: s.last_index == 10)
+            assert state == master.state == early.state
+            assert late.statistics().snapshots_applied == 1
+            stats = master.statistics()
+            assert stats.snapshot_index == 7 and stats.events_in_memory == 3
             nursery.cancel_scope.cancel()

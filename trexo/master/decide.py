@@ -111,15 +111,15 @@ def decide_command(
             if instance_id not in state.instances:
                 return Refused(f"no instance {instance_id}", RefusalKind.INSTANCE_NOT_FOUND)
             return Accepted((InstanceDeleted(instance_id),), instance_id)
-        case SubmitTask(_, model_id, origin_node, request):
-            if request.request_id in state.tasks:
-                return Refused(f"task {request.request_id} already exists", RefusalKind.INVALID)
+        case SubmitTask(_, model_id, origin_node, request_id):
+            if request_id in state.tasks:
+                return Refused(f"task {request_id} already exists", RefusalKind.INVALID)
             chosen = choose_instance(state, model_id)
             if chosen is None:
                 return Refused(
                     f"model {model_id} is not placed in the cluster", RefusalKind.MODEL_NOT_FOUND
                 )
-            task = Task(request.request_id, chosen.instance_id, origin_node, request)
+            task = Task(request_id, chosen.instance_id, origin_node)
             return Accepted((TaskCreated(task),), task.task_id)
         case CancelTask(_, task_id):
             if task_id not in state.tasks:
@@ -261,8 +261,9 @@ def decide_nodes_lost(
     new_id: Callable[[], str] | None = None,
     overhead: float = PLACEMENT_MEMORY_OVERHEAD,
 ) -> list[Event]:
-    """Events for every node of `state` that is no longer linked: its instances go, then it,
-    then (with `new_id`) each lost instance is placed again on the survivors if it fits.
+    """Events for every node of `state` that is no longer linked: its instances go, the tasks
+    it asked for end, then it goes, then (with `new_id`) each lost instance is placed again
+    on the survivors if it fits.
 
     An instance with a runner on a lost node cannot serve (a split model loses a layer
     range), so it is deleted as a whole; its tasks go with it (`apply` of InstanceDeleted).
@@ -276,6 +277,13 @@ def decide_nodes_lost(
         if any(node_id in lost for node_id in instance.node_ids)
     ]
     events: list[Event] = [InstanceDeleted(instance.instance_id) for instance in gone]
+    # A task asked for by a node that left has nobody to stream to (and its request body,
+    # if it had not reached the runner yet, never will).
+    events.extend(
+        TaskFinished(task.task_id, "cancelled")
+        for task in sorted(state.tasks.values(), key=lambda t: t.task_id)
+        if task.origin_node in lost and all(task.instance_id != i.instance_id for i in gone)
+    )
     events.extend(NodeRemoved(node_id) for node_id in lost)
     if new_id is None:
         return events
@@ -316,6 +324,10 @@ def place_again(
 
 
 def orphaned_tasks(state: State, events: list[Event]) -> list[Task]:
-    """Tasks whose instance `events` delete: their requesters must be told."""
+    """Tasks whose instance `events` delete: their requesters must be told (those still in
+    the cluster: a node that left is told nothing)."""
     deleted = {e.instance_id for e in events if isinstance(e, InstanceDeleted)}
-    return [t for t in state.tasks.values() if t.instance_id in deleted]
+    removed = {e.node_id for e in events if isinstance(e, NodeRemoved)}
+    return [
+        t for t in state.tasks.values() if t.instance_id in deleted and t.origin_node not in removed
+    ]

@@ -1,7 +1,8 @@
-"""The master's durable, append-only log of one session's events: JSON lines on disk.
+"""The master's durable, append-only log of a session's events: JSON lines on disk.
 
-One file per session, `<events dir>/session-<clock>-<master id>.jsonl`, one `IndexedEvent`
-(encoded by `trexo.wire`) per line. The master appends each event before it broadcasts it.
+One `IndexedEvent` (encoded by `trexo.wire`) per line, in segment files that
+`trexo.master.session_store` lays out: the log is rolled to a new segment at each snapshot
+(`EventLog.roll`). The master appends each event before it broadcasts it.
 
 fsync policy: every append is written and flushed to the OS at once, so a crash of the
 process never loses an event that was broadcast; fsync (durability against power loss) is
@@ -49,14 +50,8 @@ from trexo.durable import fsync_dir
 from trexo.errors import MalformedMessage
 from trexo.fd_limit import retry_on_fd_exhaustion
 from trexo.types.events import IndexedEvent
-from trexo.types.session import Session
 
 log = logging.getLogger(__name__)
-
-
-def log_path(directory: Path, session: Session) -> Path:
-    """Where the log of `session` lives in `directory`."""
-    return directory / f"session-{session.clock}-{session.master_id}.jsonl"
 
 
 def encode_record(event: IndexedEvent) -> bytes:
@@ -112,10 +107,13 @@ class EventLogStatistics:
     """A snapshot of an `EventLog`, in the style of trio's `statistics()` objects."""
 
     path: Path
+    """The segment appended to now."""
     records_written: int
     fsyncs: int
     unsynced: bool
     """Whether some appended records await their fsync."""
+    segment_bytes: int
+    """The size of the current segment."""
 
 
 class EventLog:
@@ -124,8 +122,10 @@ class EventLog:
     def __init__(self, path: Path, file: BinaryIO, fsync_interval: float) -> None:
         self.path = path
         self._file = file
+        self._segment_bytes = file.tell()
         self._fsync_interval = fsync_interval
         self._lock = trio.StrictFIFOLock()  # appends land in the order they were called
+        self._sync_lock = trio.Lock()  # an fsync in flight holds the file open
         self._appended = trio.Event()  # wakes the flusher
         self._records_written = 0
         self._records_synced = 0
@@ -138,6 +138,7 @@ class EventLog:
         async with self._lock:
             await trio.to_thread.run_sync(self._write, record, sync_now)
             self._records_written += 1
+            self._segment_bytes += len(record)
             if sync_now:
                 self._fsyncs += 1
                 self._records_synced = self._records_written
@@ -150,7 +151,22 @@ class EventLog:
             records_written=self._records_written,
             fsyncs=self._fsyncs,
             unsynced=self._records_synced < self._records_written,
+            segment_bytes=self._segment_bytes,
         )
+
+    async def roll(self, path: Path) -> None:
+        """Append to a new segment at `path` from now on; the current one is fsynced and
+        closed first (every record in it is durable before the caller deletes anything)."""
+        async with self._lock:
+            with trio.CancelScope(shield=True):  # never leave the log without a file
+                if self._records_synced < self._records_written:
+                    await self._fsync()
+                new = await trio.to_thread.run_sync(_open_for_append, path)
+                async with self._sync_lock:
+                    old, self._file = self._file, new
+                    await trio.to_thread.run_sync(old.close)
+            self.path = path
+            self._segment_bytes = new.tell()
 
     def _write(self, record: bytes, sync: bool) -> None:
         self._file.write(record)
@@ -159,10 +175,11 @@ class EventLog:
             os.fsync(self._file.fileno())
 
     async def _fsync(self) -> None:
-        target = self._records_written  # fsync covers every write flushed before it starts
-        await trio.to_thread.run_sync(os.fsync, self._file.fileno())
-        self._fsyncs += 1
-        self._records_synced = max(self._records_synced, target)
+        async with self._sync_lock:
+            target = self._records_written  # fsync covers every write flushed before it
+            await trio.to_thread.run_sync(os.fsync, self._file.fileno())
+            self._fsyncs += 1
+            self._records_synced = max(self._records_synced, target)
 
     async def _flush_batches(self) -> None:
         """fsync what was appended, at most once per interval, until cancelled."""

@@ -5,12 +5,18 @@ every message in arrival order, so validation always sees the state that the eve
 so far produce, and indices are handed out without locks. Each event is appended to the log
 on disk, then broadcast on `global_events`.
 
-Starting: if the session's log file already exists (the generation restarted within the
-same session), the master resumes from it: its events are the state and the next index
-follows the last. Otherwise, if given an initial state (what the previous session ended
-with), the master's first events rebuild the part of it a new session keeps
-(`trexo.state.carry_over`: nodes and placements, runners idle, no tasks), so that the new
-session's log alone brings a late joiner to the same state.
+Bounded history: the master keeps only its newest snapshot and the events after it
+(`trexo.master.history`); every `snapshot_every_events` events (or at the first event
+`snapshot_every_s` after the last snapshot) it snapshots the state, rolls its log on disk
+there and deletes what the snapshot covers (`trexo.master.session_store`). A replay from
+before the snapshot is answered with the snapshot, then the events after it.
+
+Starting: if the session's log already exists (the generation restarted within the same
+session), the master resumes from its newest snapshot and the events after it. Otherwise,
+if given an initial state (what the previous session ended with), the master's first
+events rebuild the part of it a new session keeps (`trexo.state.carry_over`), so that the
+new session's log alone brings a late joiner to the same state. Old sessions' files are
+pruned to the retention.
 """
 
 from __future__ import annotations
@@ -37,16 +43,28 @@ from trexo.master.decide import (
     decide_nodes_lost,
     orphaned_tasks,
 )
-from trexo.master.event_log import EventLog, log_path, open_event_log, read_log
+from trexo.master.event_log import EventLog, open_event_log
+from trexo.master.history import History, SnapshotPolicy
+from trexo.master.session_store import (
+    StoredSession,
+    disk_bytes,
+    drop_superseded,
+    prune_sessions,
+    read_session,
+    segment_path,
+    session_dir,
+    write_snapshot,
+)
 from trexo.net.router import Envelope, PeerUnreachable, Router
 from trexo.net.topics import Topic
 from trexo.state import apply, carry_over, rebuild_events
-from trexo.types.commands import Command, RequestReplay
+from trexo.types.commands import Command, RequestReplay, SubmitTask
 from trexo.types.events import Event, IndexedEvent, InstanceCreated, SessionOpened
 from trexo.types.ids import NodeId, new_id
 from trexo.types.local_events import LocalEvent
 from trexo.types.refusal import RefusalKind
 from trexo.types.session import Session
+from trexo.types.snapshot import StateSnapshot
 from trexo.types.state import State
 from trexo.types.stream import CommandReply, StreamFailed
 
@@ -71,6 +89,15 @@ class MasterStatistics:
     session: Session
     events_emitted: int
     """Events in this session's log (resumed ones included); also the next index."""
+    events_in_memory: int
+    """Events kept for replays: those after the last snapshot."""
+    snapshot_index: int | None
+    """The index the last snapshot stands at (None: none yet)."""
+    snapshots_taken: int
+    log_bytes: int
+    """This session's log on disk: its snapshot and the segment after it."""
+    retained_log_bytes: int
+    """Older sessions' logs still on disk (pruned to the retention)."""
     commands_handled: int
     commands_refused: int
     local_events_handled: int
@@ -94,12 +121,20 @@ class Master:
     ) -> None:
         self.router = router
         self.session = session
-        self.log_path = log_path(log_dir, session)
+        self.events_dir = log_dir
+        self.log_dir = session_dir(log_dir, session)
         self.config = config or MasterConfig()
         self._initial_state = initial_state or State()
         self._new_id = id_factory
         self._state = State()
-        self._events: list[IndexedEvent] = []  # the whole session, for replays
+        self._history = History(session)
+        self._policy = SnapshotPolicy(
+            self.config.snapshot_every_events, self.config.snapshot_every_s
+        )
+        self._last_snapshot_at = 0.0
+        self._snapshots_taken = 0
+        self._snapshot_bytes = 0
+        self._retained_bytes = 0
         self._log: EventLog | None = None
         self._commands_handled = 0
         self._replies: dict[str, CommandReply] = {}
@@ -119,9 +154,16 @@ class Master:
         return self._commands_handled
 
     def statistics(self) -> MasterStatistics:
+        snapshot = self._history.snapshot
+        segment = self._log.statistics().segment_bytes if self._log is not None else 0
         return MasterStatistics(
             session=self.session,
-            events_emitted=len(self._events),
+            events_emitted=self._history.next_index,
+            events_in_memory=self._history.events_in_memory,
+            snapshot_index=snapshot.index if snapshot is not None else None,
+            snapshots_taken=self._snapshots_taken,
+            log_bytes=self._snapshot_bytes + segment,
+            retained_log_bytes=self._retained_bytes,
             commands_handled=self._commands_handled,
             commands_refused=self._commands_refused,
             local_events_handled=self._local_events_handled,
@@ -136,11 +178,14 @@ class Master:
             self.router.subscribe(Topic.LOCAL_EVENTS) as local_events,
         ):
             resumed = await self._resume()
+            self._last_snapshot_at = trio.current_time()
+            first_segment = segment_path(self.log_dir, self._history.next_index)
             async with (
-                open_event_log(self.log_path, fsync_interval=self.config.fsync_interval) as ev_log,
+                open_event_log(first_segment, fsync_interval=self.config.fsync_interval) as ev_log,
                 trio.open_nursery() as nursery,
             ):
                 self._log = ev_log
+                await self._prune_old_sessions()
                 if not resumed:
                     for event in rebuild_events(carry_over(self._initial_state)):
                         await self._emit(event)
@@ -159,27 +204,31 @@ class Master:
                         await self._handle(envelope)
 
     async def _resume(self) -> bool:
-        """Load this session's existing log, if any; whether it held events."""
-        self._state, self._events = State(), []
-        if not await trio.to_thread.run_sync(self.log_path.exists):
-            return False
-        events = await retry_on_fd_exhaustion(
-            partial(read_log, self.log_path),
-            what=f"reading event log {self.log_path}",
+        """Load this session's existing log, if any; whether it held anything."""
+        self._state, self._history = State(), History(self.session)
+        stored: StoredSession = await retry_on_fd_exhaustion(
+            partial(read_session, self.log_dir, self.session),
+            what=f"reading event log {self.log_dir}",
             attempts=EVENT_LOG_OPEN_ATTEMPTS,
             interval=EVENT_LOG_OPEN_RETRY_S,
         )
-        if not events:
+        if stored.snapshot is None and not stored.events:
             return False
-        for expected, event in enumerate(events):
-            if event.index != expected or event.session != self.session:
-                raise RuntimeError(
-                    f"event log {self.log_path} is out of order at record {expected}: "
-                    f"index {event.index} of session {event.session}"
-                )
+        self._history = History(self.session, stored.snapshot)
+        self._state = stored.snapshot.state if stored.snapshot is not None else State()
+        for event in stored.events:
+            self._history.append(event)
             self._state = apply(self._state, event)
-        self._events = events
-        log.info("master %s resumed from %d logged events", self.session, len(events))
+        if stored.snapshot is not None:
+            self._snapshot_bytes = await trio.to_thread.run_sync(
+                disk_bytes, self.log_dir / f"snapshot-{stored.snapshot.index}.json"
+            )
+        log.info(
+            "master %s resumed from %s and %d logged events after it",
+            self.session,
+            f"the snapshot at {stored.snapshot.index}" if stored.snapshot else "the start",
+            len(stored.events),
+        )
         return True
 
     # --- handling ---------------------------------------------------------------------------
@@ -250,10 +299,20 @@ class Master:
             reply = CommandReply(command.command_id, decision.error, decision.kind)
         else:
             log.debug("accepted %s from %s: %s", type(command).__name__, sender, decision.result_id)
-            reply = CommandReply(command.command_id, result_id=decision.result_id)
+            reply = CommandReply(
+                command.command_id,
+                result_id=decision.result_id,
+                lead_node=self._lead_node(command) if isinstance(command, SubmitTask) else None,
+            )
         if not isinstance(command, RequestReplay):
             self._remember(reply)
         await self._send(sender, Topic.STREAM, reply)
+
+    def _lead_node(self, command: SubmitTask) -> NodeId | None:
+        """Where the task just created runs: its origin sends the request body there."""
+        task = self._state.tasks.get(command.request_id)
+        instance = self._state.instances.get(task.instance_id) if task is not None else None
+        return instance.lead.node_id if instance is not None else None
 
     def _remember(self, reply: CommandReply) -> None:
         self._replies[reply.command_id] = reply
@@ -269,8 +328,12 @@ class Master:
         if command.from_index < 0:
             return Refused(f"replay from negative index {command.from_index}", RefusalKind.INVALID)
         self._replays_served += 1
-        for event in self._events[command.from_index :]:
-            if not await self._send(sender, Topic.GLOBAL_EVENTS, event):
+        replay = self._history.replay(command.from_index)
+        items: list[StateSnapshot | IndexedEvent] = list(replay.events)
+        if replay.snapshot is not None:
+            items.insert(0, replay.snapshot)
+        for item in items:
+            if not await self._send(sender, Topic.GLOBAL_EVENTS, item):
                 break
         return Accepted((), None)
 
@@ -284,12 +347,57 @@ class Master:
     async def _emit(self, event: Event) -> IndexedEvent:
         """Give `event` the next index, log it, apply it, then broadcast it."""
         assert self._log is not None, "emit before the log is open"
-        indexed = IndexedEvent(self.session, len(self._events), event)
+        indexed = IndexedEvent(self.session, self._history.next_index, event)
         await self._log.append(indexed)  # durable before anyone hears of it
-        self._events.append(indexed)
+        self._history.append(indexed)
         self._state = apply(self._state, indexed)
         await self.router.publish(Topic.GLOBAL_EVENTS, indexed)
+        if self._policy.due(
+            self._history.events_in_memory, trio.current_time() - self._last_snapshot_at
+        ):
+            await self._snapshot()
         return indexed
+
+    async def _snapshot(self) -> None:
+        """Snapshot the state, roll the log there, and delete what the snapshot covers.
+
+        The snapshot is durable before the log rolls and anything is deleted, so a crash at
+        any step leaves the previous snapshot or this one, each with every event after it.
+        A disk error keeps the previous files (the log goes on in the old segment) and is
+        retried at the next snapshot; memory is bounded either way.
+        """
+        assert self._log is not None
+        snapshot = self._history.take_snapshot(self._state)
+        self._last_snapshot_at = trio.current_time()
+        try:
+            path = await trio.to_thread.run_sync(write_snapshot, self.log_dir, snapshot)
+            await self._log.roll(segment_path(self.log_dir, snapshot.index + 1))
+            self._snapshot_bytes = await trio.to_thread.run_sync(disk_bytes, path)
+            await trio.to_thread.run_sync(drop_superseded, self.log_dir, snapshot.index)
+        except OSError as exc:
+            log.warning("master %s: could not write a snapshot (%s)", self.session, exc)
+            return
+        self._snapshots_taken += 1
+        log.debug("master %s: snapshot at %d", self.session, snapshot.index)
+        await self._prune_old_sessions()
+
+    async def _prune_old_sessions(self) -> None:
+        config = self.config
+        try:
+            await trio.to_thread.run_sync(
+                partial(
+                    prune_sessions,
+                    self.events_dir,
+                    self.session,
+                    keep_sessions=config.retained_sessions,
+                    max_bytes=config.retained_log_bytes,
+                )
+            )
+            self._retained_bytes = await trio.to_thread.run_sync(
+                disk_bytes, self.events_dir
+            ) - await trio.to_thread.run_sync(disk_bytes, self.log_dir)
+        except OSError as exc:
+            log.warning("master %s: could not prune old sessions (%s)", self.session, exc)
 
     async def _send(self, node_id: NodeId, topic: Topic, payload: object) -> bool:
         """Point-to-point send; a node that has gone is ordinary (logged, False)."""

@@ -6,9 +6,9 @@ import enum
 from typing import Any
 
 from trexo.types.commands import Command
-from trexo.types.events import IndexedEvent
 from trexo.types.local_events import LocalEvent
-from trexo.types.stream import StreamItem
+from trexo.types.snapshot import GlobalItem
+from trexo.types.stream import StreamItem, TaskBody
 
 
 class Topic(enum.Enum):
@@ -22,6 +22,8 @@ class Topic(enum.Enum):
     """master to all: the session's indexed events"""
     STREAM = "stream"
     """point-to-point: chunks to the requesting node, command replies"""
+    REQUESTS = "requests"
+    """point-to-point: a generation's request, from its origin to its lead runner's node"""
 
 
 def payload_type(topic: Topic) -> Any:
@@ -32,6 +34,7 @@ def payload_type(topic: Topic) -> Any:
         Topic.ELECTION: ElectionMessage,
         Topic.COMMANDS: Command,
         Topic.LOCAL_EVENTS: LocalEvent,
-        Topic.GLOBAL_EVENTS: IndexedEvent,
+        Topic.GLOBAL_EVENTS: GlobalItem,
         Topic.STREAM: StreamItem,
+        Topic.REQUESTS: TaskBody,
     }[topic]

@@ -6,7 +6,6 @@ from typing import Literal
 
 import attrs
 
-from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId
 from trexo.types.models import ModelRef
 
@@ -41,12 +40,16 @@ class DeleteInstance:
 
 @attrs.frozen
 class SubmitTask:
-    """Run a generation on an instance of `model_id`; chunks go to `origin_node`."""
+    """Run generation `request_id` on an instance of `model_id`; chunks go to `origin_node`.
+
+    The request itself goes from the origin to the chosen instance's lead node (`TaskBody`)
+    once the master's reply names that node: the master never holds what a user typed.
+    """
 
     command_id: str
     model_id: str
     origin_node: NodeId
-    request: GenerationRequest
+    request_id: RequestId
 
 
 @attrs.frozen

@@ -7,7 +7,6 @@ from typing import Literal
 import attrs
 
 from trexo.types.downloads import DownloadProgress
-from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.models import ModelRef
 from trexo.types.runner_status import RunnerIdle, RunnerStatus
@@ -91,12 +90,16 @@ TaskStatus = Literal["pending", "running"]
 
 @attrs.frozen
 class Task:
-    """A generation in flight. Its chunks go from the lead runner's node to `origin_node`."""
+    """A generation in flight. Its chunks go from the lead runner's node to `origin_node`.
+
+    What the user sent (the messages, the sampling) is not here: it travels from the origin
+    straight to the lead runner's node (`TaskBody`), so it is never in the log, on the
+    master, or in anyone's state.
+    """
 
     task_id: RequestId
     instance_id: InstanceId
     origin_node: NodeId
-    request: GenerationRequest
     status: TaskStatus = "pending"
 
 

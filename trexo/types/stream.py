@@ -6,7 +6,8 @@ import attrs
 
 from trexo.types.chunks import Chunk
 from trexo.types.failure import FailureKind
-from trexo.types.ids import RequestId
+from trexo.types.generation import GenerationRequest
+from trexo.types.ids import NodeId, RequestId
 from trexo.types.refusal import RefusalKind
 
 
@@ -32,6 +33,16 @@ class CommandReply:
     error: str | None = None
     error_kind: RefusalKind | None = None
     result_id: str | None = None
+    lead_node: NodeId | None = None
+    """An accepted `SubmitTask`: the node whose runner generates it (its body goes there)."""
+
+
+@attrs.frozen
+class TaskBody:
+    """What a generation asks for, from its origin to the node running its instance's rank
+    0 (on the `requests` topic): point-to-point, held there only until it runs."""
+
+    request: GenerationRequest
 
 
 StreamItem = StreamChunk | StreamFailed | CommandReply

@@ -32,7 +32,8 @@ class StopRunner:
 
 @attrs.frozen
 class ForwardTask:
-    """Hand `task` to the local lead runner and stream its chunks to the task's origin."""
+    """Hand `task` (with its request, which is held here) to the local lead runner and
+    stream its chunks to the task's origin."""
 
     task: Task
     runner_id: RunnerId
@@ -74,6 +75,8 @@ class LocalWorld:
     """Tasks this session's state has listed; None: every task in flight counts as known."""
     groups: Mapping[RunnerId, GroupState] = attrs.field(factory=dict)
     """The rank group each local runner of a split instance was last told of."""
+    bodies: frozenset[RequestId] = frozenset()
+    """Tasks whose request (sent point-to-point by their origin) is held here."""
 
 
 def plan(state: State, local: LocalWorld) -> list[Action]:
@@ -100,7 +103,7 @@ def plan(state: State, local: LocalWorld) -> list[Action]:
         if owner is None or owner.lead.node_id != local.node_id:
             continue
         lead = owner.lead.runner_id
-        if lead in local.runners:
+        if lead in local.runners and task.task_id in local.bodies:
             actions.append(ForwardTask(task, lead))
     # A task that left the state was cancelled; one it never listed may be adopted yet.
     known = local.inflight if local.known is None else local.inflight & local.known

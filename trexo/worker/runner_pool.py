@@ -25,6 +25,8 @@ import trio
 from trexo import catalog
 from trexo.config import (
     FINISHED_TASKS_REMEMBERED,
+    REQUEST_BODIES_MAX_BYTES,
+    REQUEST_BODY_TTL_S,
     RUNNER_RESTART_POLICY,
     STREAM_SEND_TIMEOUT_S,
     RestartPolicy,
@@ -39,10 +41,11 @@ from trexo.errors import (
 )
 from trexo.hub.downloads import Downloads
 from trexo.lifecycle import RestartIntensity
-from trexo.net.router import PeerUnreachable, Router
+from trexo.net.router import Envelope, PeerUnreachable, Router
 from trexo.net.topics import Topic
 from trexo.types.chunks import FinishReason
 from trexo.types.failure import FailureKind
+from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, RequestId, RunnerId
 from trexo.types.ipc import PromptCacheStats
 from trexo.types.local_events import (
@@ -63,8 +66,9 @@ from trexo.types.runner_status import (
 )
 from trexo.types.shard import RankGroup
 from trexo.types.state import GroupState, Instance, RunnerAssignment, Task
-from trexo.types.stream import StreamChunk, StreamFailed
+from trexo.types.stream import StreamChunk, StreamFailed, TaskBody
 from trexo.worker.rank_address import advertised_host, free_port, rank_address
+from trexo.worker.request_bodies import RequestBodies
 from trexo.worker.runner_supervisor import RunnerSupervisor
 
 log = logging.getLogger(__name__)
@@ -137,6 +141,8 @@ class RunnerPool:
         runner_env: dict[str, str] | None = None,
         restart_policy: RestartPolicy = RUNNER_RESTART_POLICY,
         finished_remembered: int = FINISHED_TASKS_REMEMBERED,
+        request_body_ttl: float = REQUEST_BODY_TTL_S,
+        request_bodies_max_bytes: int = REQUEST_BODIES_MAX_BYTES,
     ) -> None:
         self._router = router
         self._models_dir = models_dir
@@ -156,19 +162,36 @@ class RunnerPool:
         self._changed = trio.Event()
         self._facts_send, self.facts = trio.open_memory_channel[LocalEvent](math.inf)
         self._nursery: trio.Nursery | None = None
+        self.bodies = RequestBodies(ttl=request_body_ttl, max_bytes=request_bodies_max_bytes)
+        """Requests of tasks led here that have not been forwarded yet."""
 
     # --- the service -------------------------------------------------------------------------
 
     async def run(
         self, *, task_status: trio.TaskStatus[RunnerPool] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        async with self._facts_send, trio.open_nursery() as nursery:
-            self._nursery = nursery
-            try:
-                task_status.started(self)
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
+        with self._router.subscribe(Topic.REQUESTS) as bodies:
+            async with self._facts_send, trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    task_status.started(self)
+                    await self._receive_bodies(bodies)
+                finally:
+                    self._nursery = None
+
+    async def _receive_bodies(self, inbox: trio.MemoryReceiveChannel[Envelope]) -> None:
+        """Hold the requests that origins send for tasks led here, until forwarded."""
+        async for envelope in inbox:
+            body = envelope.payload
+            if not isinstance(body, TaskBody):
+                log.warning(
+                    "dropped a %s on the requests topic from %s",
+                    type(body).__name__,
+                    envelope.sender,
+                )
+                continue
+            if self.bodies.put(body.request, trio.current_time()):
+                self._signal()
 
     # --- what the worker reads -------------------------------------------------------------
 
@@ -427,8 +450,12 @@ class RunnerPool:
         return task_id in self._inflight or task_id in self.finished
 
     def forward(self, task: Task, runner_id: RunnerId) -> None:
-        """Run `task` on the local runner `runner_id`; stream its chunks to the task's origin."""
+        """Run `task` on the local runner `runner_id`; stream its chunks to the task's origin.
+        Its request must be held in `bodies` (it is taken from there)."""
         entry = self._runners[runner_id]
+        request = self.bodies.take(task.task_id)
+        if request is None:
+            raise ValueError(f"task {task.task_id} is forwarded before its request came")
         if entry.supervisor is None or isinstance(entry.supervisor.status, TERMINAL_STATUSES):
             # Between a death and the restart: fail it now, as retryable.
             self._finish(task, "error")
@@ -443,7 +470,7 @@ class RunnerPool:
             )
             return
         self._inflight[task.task_id] = _InFlight(task, entry.supervisor)
-        self._spawn(self._forward, task, entry.supervisor)
+        self._spawn(self._forward, task, request, entry.supervisor)
         self._signal()
 
     def cancel(self, task_id: RequestId) -> None:
@@ -466,7 +493,9 @@ class RunnerPool:
         self._post(TaskReport(task.task_id, finish_reason=reason))
         self._signal()
 
-    async def _forward(self, task: Task, supervisor: RunnerSupervisor) -> None:
+    async def _forward(
+        self, task: Task, request: GenerationRequest, supervisor: RunnerSupervisor
+    ) -> None:
         reason: FinishReason = "error"
         try:
             status = await supervisor.wait_status(
@@ -475,7 +504,7 @@ class RunnerPool:
             if isinstance(status, TERMINAL_STATUSES):
                 raise RunnerUnavailable(f"runner {supervisor.runner_id} is down: {status}")
             self._post(TaskReport(task.task_id, "running"))
-            async with supervisor.open_generation(task.request) as stream:
+            async with supervisor.open_generation(request) as stream:
                 async for chunk in stream:
                     with trio.fail_after(STREAM_SEND_TIMEOUT_S):
                         await self._router.send(task.origin_node, Topic.STREAM, StreamChunk(chunk))

@@ -101,6 +101,7 @@ class Worker:
             cancelling=pool.cancelling,
             known=frozenset(self._known),
             groups=pool.groups,
+            bodies=pool.bodies.held,
         )
 
     async def _wait_state_change(self) -> None:
@@ -122,6 +123,7 @@ class Worker:
                     self._report_finished_again(state)
                     reported_finished = True
                 self._pool.forget_finished(set(state.tasks))
+                self._pool.bodies.expire(trio.current_time(), keep=state.tasks.keys())
                 self._known = (self._known | state.tasks.keys()) & (
                     state.tasks.keys() | self._pool.inflight.keys()
                 )

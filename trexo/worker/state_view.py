@@ -5,7 +5,10 @@ duplicates, buffers early arrivals, and repairs gaps by asking the master for a 
 (`RequestReplay` on `commands`, at most one outstanding, re-asked every `replay_retry`
 seconds while the gap persists). It asks for a replay from 0 as soon as it starts, so a late
 joiner catches up the same way a node that missed one event does; until it has applied
-anything it keeps asking, because a request sent before the master listened is lost.
+anything it keeps asking, because a request sent before the master listened is lost. A
+replay from before the master's last snapshot starts with that snapshot (`StateSnapshot`):
+the view takes its state as it is and goes on from the event after it, so catching up costs
+one snapshot and the events since, however long the session has run.
 
 Waiting for changes, without polling:
 
@@ -39,6 +42,7 @@ from trexo.types.commands import RequestReplay
 from trexo.types.events import IndexedEvent
 from trexo.types.ids import new_id
 from trexo.types.session import Session
+from trexo.types.snapshot import StateSnapshot
 from trexo.types.state import State
 
 log = logging.getLogger(__name__)
@@ -81,8 +85,19 @@ class ReorderBuffer:
             else:
                 self._pending[event.index] = event
             return []
-        ready = [event]
         self.next_index += 1
+        return [event, *self._release()]
+
+    def skip_to(self, next_index: int) -> list[IndexedEvent]:
+        """Everything before `next_index` is covered (by a snapshot): release what follows."""
+        if next_index <= self.next_index:
+            return []
+        self.next_index = next_index
+        self._pending = {k: e for k, e in self._pending.items() if k >= next_index}
+        return self._release()
+
+    def _release(self) -> list[IndexedEvent]:
+        ready = []
         while (following := self._pending.pop(self.next_index, None)) is not None:
             ready.append(following)
             self.next_index += 1
@@ -105,6 +120,8 @@ class StateViewStatistics:
     overflowed: int
     """Early events dropped because too many were held back already."""
     replay_requests: int
+    snapshots_applied: int
+    """Replays answered with a snapshot that took this view forward."""
     foreign_dropped: int
     """Events of another session."""
     payloads_dropped: int
@@ -126,6 +143,7 @@ class StateView:
         self._replay_deadline = math.inf  # of the outstanding replay request, if any
         self._events_applied = 0
         self._replay_requests = 0
+        self._snapshots_applied = 0
         self._foreign_dropped = 0
         self._payloads_dropped = 0
 
@@ -153,6 +171,7 @@ class StateView:
             pending=self._buffer.pending,
             overflowed=self._buffer.overflowed,
             replay_requests=self._replay_requests,
+            snapshots_applied=self._snapshots_applied,
             foreign_dropped=self._foreign_dropped,
             payloads_dropped=self._payloads_dropped,
         )
@@ -174,27 +193,44 @@ class StateView:
     # --- receiving --------------------------------------------------------------------------
 
     def _receive(self, envelope: Envelope) -> None:
-        event = envelope.payload
-        if not isinstance(event, IndexedEvent):
+        item = envelope.payload
+        if not isinstance(item, IndexedEvent | StateSnapshot):
             self._payloads_dropped += 1
             log.warning(
                 "state view dropped a %s payload on global_events from %s",
-                type(event).__name__,
+                type(item).__name__,
                 envelope.sender,
             )
             return
-        if event.session != self.session:
+        if item.session != self.session:
             self._foreign_dropped += 1
-            log.debug("state view of %s dropped an event of %s", self.session, event.session)
+            log.debug("state view of %s dropped an item of %s", self.session, item.session)
             return
-        ready = self._buffer.offer(event)
-        if not ready:
+        if isinstance(item, StateSnapshot):
+            self._take_snapshot(item)
             return
-        state = self._state
-        for ev in ready:
-            state = apply(state, ev)
+        ready = self._buffer.offer(item)
+        if ready:
+            self._apply(self._state, ready)
+
+    def _take_snapshot(self, snapshot: StateSnapshot) -> None:
+        if snapshot.index < self._buffer.next_index:
+            return  # this view is there already
+        self._snapshots_applied += 1
+        log.info(
+            "state view of %s caught up from a snapshot at %d (was at %d)",
+            self.session,
+            snapshot.index,
+            self._state.last_index,
+        )
+        ready = self._buffer.skip_to(snapshot.index + 1)
+        self._apply(attrs.evolve(snapshot.state, last_index=snapshot.index), ready)
+
+    def _apply(self, state: State, events: list[IndexedEvent]) -> None:
+        for event in events:
+            state = apply(state, event)
         self._state = state
-        self._events_applied += len(ready)
+        self._events_applied += len(events)
         self._wake_waiters()
 
     def _wake_waiters(self) -> None:
