@@ -67,3 +67,9 @@ def bench_sharding(session: nox.Session) -> None:
 def bench_download(session: nox.Session) -> None:
     """Model download from a local fake hub: trexo against huggingface_hub; place to first token."""
     session.run(PYTHON, "bench/bench_download.py", *session.posargs)
+
+
+@nox.session(name="bench-soak")
+def bench_soak(session: nox.Session) -> None:
+    """100,000 short chats on one node, then three: master RSS, history, disk, joiner catch-up."""
+    session.run(PYTHON, "bench/bench_soak.py", *session.posargs)

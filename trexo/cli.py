@@ -237,6 +237,9 @@ def _add_history_options(parser: argparse.ArgumentParser) -> None:
         metavar="MIB",
         help="at most this much of them; the oldest go first (default: %(default)s)",
     )
+    history.add_argument(  # tests kill a node in this window
+        "--test-snapshot-pause", type=float, default=0.0, help=argparse.SUPPRESS
+    )
 
 
 def _add_limit_options(parser: argparse.ArgumentParser) -> None:
@@ -434,6 +437,7 @@ def run_command(args: argparse.Namespace) -> int:
             snapshot_every_events=args.snapshot_every,
             retained_sessions=args.keep_sessions,
             retained_log_bytes=args.keep_log_mib * MIB,
+            test_snapshot_pause=args.test_snapshot_pause,
         ),
         force_master=args.force_master,
         default_model=default,

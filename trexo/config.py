@@ -251,6 +251,9 @@ class MasterConfig:
     snapshot_every_s: float = SNAPSHOT_EVERY_S
     retained_sessions: int = RETAINED_SESSIONS
     retained_log_bytes: int = RETAINED_LOG_BYTES
+    test_snapshot_pause: float = 0.0
+    """Tests only: pause this long between writing a snapshot and installing it (a window
+    in which to kill the node mid-snapshot). Never set in production."""
 
 
 # --- state view ----------------------------------------------------------------------------

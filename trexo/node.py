@@ -68,12 +68,13 @@ class Node:
         self.router = Router(self.node_id)
         self.sessions = SessionTracker()
         self.hub = StreamHub(self.router)
+        self.prompt_counter = PromptCounter(config.paths.models_dir, config.hub.cache_dir)
         self.client = ClusterClient(
             self.router,
             self.hub,
             self.sessions,
             self._catalog,
-            prompt_counter=PromptCounter(config.paths.models_dir, config.hub.cache_dir),
+            prompt_counter=self.prompt_counter,
             resolve_hub_model=functools.partial(resolve_model, config=config.hub),
             on_disk=functools.partial(
                 catalog.is_on_disk,
@@ -164,6 +165,7 @@ class Node:
         await self._restore_last_state()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._relay_sessions, decided_receive, sessions_send)
+            nursery.start_soon(self.prompt_counter.warm_up)
             if tracing():
                 nursery.start_soon(self._trace_membership)
             await nursery.start(self.hub.run)

@@ -60,6 +60,12 @@ def _local_dir(model: ModelRef, models_dir: Path, hub_cache: Path) -> Path | Non
         return None
 
 
+def _import_tokenizers() -> None:
+    import mlx_lm.utils  # noqa: F401
+
+    import trexo.engine.prompt  # noqa: F401
+
+
 def _key(model: ModelRef) -> str:
     return f"{model.model_id}\0{model.source}"
 
@@ -79,6 +85,14 @@ class PromptCounter:
         self._cache_size = cache_size
         self._cache: OrderedDict[str, _Tokenizer] = OrderedDict()
         self._lock = trio.Lock()  # one load at a time: a second caller waits for the first
+
+    async def warm_up(self) -> None:
+        """Import the tokenizer machinery now, in a worker thread: it takes ~1 s (mlx-lm and
+        transformers), which a node's first chat would otherwise wait for."""
+        try:
+            await trio.to_thread.run_sync(_import_tokenizers)
+        except Exception:
+            log.exception("could not import the tokenizer machinery; prompts go uncounted")
 
     async def budget(self, model: ModelRef, request: GenerationRequest) -> PromptBudget | None:
         """The request's prompt size and its model's context; None if not countable here."""

@@ -49,11 +49,12 @@ from trexo.master.session_store import (
     StoredSession,
     disk_bytes,
     drop_superseded,
+    install_snapshot,
     prune_sessions,
     read_session,
     segment_path,
     session_dir,
-    write_snapshot,
+    write_temporary_snapshot,
 )
 from trexo.net.router import Envelope, PeerUnreachable, Router
 from trexo.net.topics import Topic
@@ -370,7 +371,12 @@ class Master:
         snapshot = self._history.take_snapshot(self._state)
         self._last_snapshot_at = trio.current_time()
         try:
-            path = await trio.to_thread.run_sync(write_snapshot, self.log_dir, snapshot)
+            temporary = await trio.to_thread.run_sync(
+                write_temporary_snapshot, self.log_dir, snapshot
+            )
+            if self.config.test_snapshot_pause:
+                await trio.sleep(self.config.test_snapshot_pause)
+            path = await trio.to_thread.run_sync(install_snapshot, temporary)
             await self._log.roll(segment_path(self.log_dir, snapshot.index + 1))
             self._snapshot_bytes = await trio.to_thread.run_sync(disk_bytes, path)
             await trio.to_thread.run_sync(drop_superseded, self.log_dir, snapshot.index)

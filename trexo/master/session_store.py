@@ -161,6 +161,12 @@ def read_newest_session(events_dir: Path) -> StoredSession | None:
 
 def write_snapshot(directory: Path, snapshot: StateSnapshot) -> Path:
     """Write `snapshot` crash-safely: it is either whole under its name, or not there."""
+    return install_snapshot(write_temporary_snapshot(directory, snapshot))
+
+
+def write_temporary_snapshot(directory: Path, snapshot: StateSnapshot) -> Path:
+    """The first half of `write_snapshot`: the snapshot, fsynced, under a temporary name
+    that readers ignore (and remove)."""
     final = snapshot_path(directory, snapshot.index)
     temporary = final.with_name(final.name + TEMPORARY_SUFFIX)
     data = wire.to_json(snapshot, StateSnapshot)
@@ -168,8 +174,14 @@ def write_snapshot(directory: Path, snapshot: StateSnapshot) -> Path:
         file.write(data)
         file.flush()
         os.fsync(file.fileno())
+    return temporary
+
+
+def install_snapshot(temporary: Path) -> Path:
+    """The second half: rename it to its name, and make the rename durable."""
+    final = temporary.with_name(temporary.name.removesuffix(TEMPORARY_SUFFIX))
     os.replace(temporary, final)
-    fsync_dir(directory)
+    fsync_dir(temporary.parent)
     return final
 
 

@@ -38,6 +38,7 @@ from trexo.config import StateViewConfig
 from trexo.net.router import Envelope, PeerUnreachable, Router
 from trexo.net.topics import Topic
 from trexo.state import apply
+from trexo.trace import trace
 from trexo.types.commands import RequestReplay
 from trexo.types.events import IndexedEvent
 from trexo.types.ids import new_id
@@ -144,6 +145,7 @@ class StateView:
         self._events_applied = 0
         self._replay_requests = 0
         self._snapshots_applied = 0
+        self._caught_up = False
         self._foreign_dropped = 0
         self._payloads_dropped = 0
 
@@ -225,6 +227,7 @@ class StateView:
         )
         ready = self._buffer.skip_to(snapshot.index + 1)
         self._apply(attrs.evolve(snapshot.state, last_index=snapshot.index), ready)
+        trace(self.router.node_id, "snapshot_applied", index=snapshot.index)
 
     def _apply(self, state: State, events: list[IndexedEvent]) -> None:
         for event in events:
@@ -249,6 +252,9 @@ class StateView:
         outstanding = self._replay_deadline < math.inf
         if outstanding and not self._needs_replay:
             self._replay_deadline = math.inf
+            if not self._caught_up:  # the first replay is in: a joiner's catch-up is done
+                self._caught_up = True
+                trace(self.router.node_id, "view_caught_up", index=self._state.last_index)
         elif not outstanding and self._buffer.has_gap:
             await self._request_replay()
 
