@@ -21,6 +21,7 @@ from trexo.types.commands import CancelTask, DeleteInstance, PlaceInstance, Subm
 from trexo.types.downloads import DownloadPhase, DownloadProgress
 from trexo.types.events import (
     DownloadUpdated,
+    Event,
     InstanceCreated,
     InstanceDeleted,
     NodeRemoved,
@@ -40,7 +41,7 @@ from trexo.types.local_events import (
 )
 from trexo.types.models import ModelRef
 from trexo.types.refusal import RefusalKind
-from trexo.types.runner_status import RunnerFailed, RunnerLoading, RunnerReady
+from trexo.types.runner_status import RunnerFailed, RunnerLoading, RunnerReady, RunnerRunning
 from trexo.types.state import Instance, NodeInfo, RunnerAssignment, State, Task
 
 MiB = 1024 * 1024
@@ -308,3 +309,16 @@ def test_a_task_in_flight_that_the_master_missed_is_adopted_once() -> None:
     assert decide_local_event(state, TaskInFlight(missed)) == []  # known now
     stray = Task(RequestId("q2"), InstanceId("gone"), A)
     assert decide_local_event(state, TaskInFlight(stray)) == []  # its instance is gone
+
+
+def test_a_change_of_batch_size_alone_is_not_logged() -> None:
+    state = apply_all(State(), [InstanceCreated(instance("i1", "r1"))])
+
+    def report(status: object) -> list[Event]:
+        return decide_local_event(state, RunnerReport(RunnerId("r1"), InstanceId("i1"), status))  # type: ignore[arg-type]
+
+    (running,) = report(RunnerRunning(1))
+    state = apply_all(state, [running])
+    assert report(RunnerRunning(5)) == []  # chatter: only the batch size changed
+    (ready,) = report(RunnerReady())  # a change of kind is history
+    assert isinstance(ready, RunnerStatusChanged) and ready.status == RunnerReady()

@@ -171,6 +171,8 @@ def decide_local_event(state: State, event: LocalEvent) -> list[Event]:
                 return []
             if record.status == status:
                 return []
+            if isinstance(record.status, RunnerRunning) and isinstance(status, RunnerRunning):
+                return []  # only its batch size changed: chatter, not history
             changed: list[Event] = [
                 RunnerStatusChanged(runner_id, instance_id, record.node_id, status)
             ]

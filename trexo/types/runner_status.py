@@ -34,6 +34,8 @@ class RunnerReady:
 @attrs.frozen
 class RunnerRunning:
     active_requests: int = 1
+    """Generations in its batch. In the cluster state: as when it began running (the log
+    does not follow every change of a batch's size; the runner's own node sees them all)."""
 
 
 @attrs.frozen
