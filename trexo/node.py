@@ -165,12 +165,10 @@ class Node:
         await self._restore_last_state()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._relay_sessions, decided_receive, sessions_send)
+            nursery.start_soon(self.prompt_counter.warm_up)
             if tracing():
                 nursery.start_soon(self._trace_membership)
             await nursery.start(self.hub.run)
-            # Join the cluster only once this node can answer a chat at once: the tokenizer
-            # machinery takes ~1 s to import, which a first chat would otherwise wait for.
-            await self.prompt_counter.warm_up()
             transport = Transport(self.router, self.config.transport)
             self.peer_port = await nursery.start(transport.run)
             # Before the election: static peers dialled during its boot grace are adopted.

@@ -91,8 +91,8 @@ class PromptCounter:
         transformers), which a node's first chat would otherwise wait for."""
         try:
             await trio.to_thread.run_sync(_import_tokenizers)
-        except Exception:
-            log.exception("could not import the tokenizer machinery; prompts go uncounted")
+        except Exception as exc:  # e.g. out of file descriptors: the first chat tries again
+            log.warning("could not import the tokenizer machinery ahead of use: %s", exc)
 
     async def budget(self, model: ModelRef, request: GenerationRequest) -> PromptBudget | None:
         """The request's prompt size and its model's context; None if not countable here."""
