@@ -56,10 +56,6 @@ class History:
     def events_in_memory(self) -> int:
         return len(self._tail)
 
-    @property
-    def tail(self) -> tuple[IndexedEvent, ...]:
-        return tuple(self._tail)
-
     def append(self, event: IndexedEvent) -> None:
         if event.index != self.next_index or event.session != self.session:
             raise ValueError(

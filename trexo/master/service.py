@@ -9,14 +9,14 @@ Bounded history: the master keeps only its newest snapshot and the events after 
 (`trexo.master.history`); every `snapshot_every_events` events (or at the first event
 `snapshot_every_s` after the last snapshot) it snapshots the state, rolls its log on disk
 there and deletes what the snapshot covers (`trexo.master.session_store`). A replay from
-before the snapshot is answered with the snapshot, then the events after it.
+before the snapshot is answered with the snapshot, then the events after it. Older
+sessions' files are pruned to the retention once, when the master starts.
 
 Starting: if the session's log already exists (the generation restarted within the same
 session), the master resumes from its newest snapshot and the events after it. Otherwise,
 if given an initial state (what the previous session ended with), the master's first
 events rebuild the part of it a new session keeps (`trexo.state.carry_over`), so that the
-new session's log alone brings a late joiner to the same state. Old sessions' files are
-pruned to the retention.
+new session's log alone brings a late joiner to the same state.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from trexo.master.session_store import (
     read_session,
     segment_path,
     session_dir,
+    snapshot_path,
     write_temporary_snapshot,
 )
 from trexo.net.router import Envelope, PeerUnreachable, Router
@@ -222,7 +223,7 @@ class Master:
             self._state = apply(self._state, event)
         if stored.snapshot is not None:
             self._snapshot_bytes = await trio.to_thread.run_sync(
-                disk_bytes, self.log_dir / f"snapshot-{stored.snapshot.index}.json"
+                disk_bytes, snapshot_path(self.log_dir, stored.snapshot.index)
             )
         log.info(
             "master %s resumed from %s and %d logged events after it",
@@ -385,9 +386,9 @@ class Master:
             return
         self._snapshots_taken += 1
         log.debug("master %s: snapshot at %d", self.session, snapshot.index)
-        await self._prune_old_sessions()
 
     async def _prune_old_sessions(self) -> None:
+        """Once, at start: older sessions' files do not grow while this one runs."""
         config = self.config
         try:
             await trio.to_thread.run_sync(
