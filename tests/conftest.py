@@ -54,6 +54,14 @@ def varied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_demo_model(tmp_path_factory.mktemp("models"), VARIED_DEMO_SIZE)
 
 
+@pytest.fixture(scope="session")
+def tools_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The scripted demo model that calls a tool (`trexo.engine.scripted_model`)."""
+    from trexo.engine.demo_model import TOOLS_DEMO_SIZE, ensure_demo_model
+
+    return ensure_demo_model(tmp_path_factory.mktemp("models"), TOOLS_DEMO_SIZE)
+
+
 UNTIED_HEAD_SEED = 7
 
 

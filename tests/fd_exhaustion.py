@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import resource
 from collections.abc import Iterator
@@ -17,6 +18,9 @@ takes a few milliseconds, not a million opens."""
 def exhausted_fds(spare: int = 0) -> Iterator[None]:
     """Open /dev/null until `open` fails with EMFILE, then free `spare` descriptors; inside
     the block every further open beyond those fails. All is given back on exit."""
+    # Garbage that holds a descriptor (an earlier test's unclosed HTTP client) would free it
+    # whenever the collector runs, mid-block: collect it first.
+    gc.collect()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, HOG_SOFT_LIMIT), hard))
     held: list[int] = []

@@ -41,7 +41,7 @@ _stopped_cleanly = False
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trexo.config import API_MAX_CONNECTIONS, API_PORT, DEFAULT_API_HOST
+    from trexo.config import API_MAX_CONNECTIONS, API_PORT, DEFAULT_API_HOST, OLLAMA_PORT
     from trexo.engine.demo_model import DEFAULT_DEMO_SIZE, DEMO_MODEL_NAMES
 
     parser = argparse.ArgumentParser(
@@ -85,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=API_PORT,
         help="API port (default: %(default)s; 0 picks a free one)",
+    )
+    run.add_argument(
+        "--ollama-port",
+        type=_non_negative_int,
+        default=None,
+        metavar="PORT",
+        help=f"also serve the API on PORT, for Ollama clients ({OLLAMA_PORT} is their default; "
+        "0 picks a free one; default: off)",
     )
     run.add_argument(
         "--api-max-connections",
@@ -412,6 +420,7 @@ def run_command(args: argparse.Namespace) -> int:
         api=ApiConfig(
             host=args.api_host,
             port=args.api_port,
+            ollama_port=args.ollama_port,
             max_connections=args.api_max_connections,
             cors_origins=tuple(args.cors_origin),
             max_context_tokens=args.max_context_tokens,
@@ -567,6 +576,8 @@ async def run_node_until_signalled(config: NodeConfig) -> int:
             nursery.start_soon(stop_on_signals)
             with node_scope:
                 started = await nursery.start(node.run)
+                if started.ollama_url is not None:
+                    print(f"trexo: Ollama API also on {started.ollama_url}", flush=True)
                 default = config.default_model
                 if default is not None and default.hub_revision is not None:
                     from rich.console import Console

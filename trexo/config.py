@@ -299,6 +299,8 @@ DEFAULT_API_HOST = "127.0.0.1"
 """Loopback by default: exposing the API to the LAN is an explicit choice (`--api-host`)."""
 API_PORT = 52415
 """exo's port, so tools configured for exo find trexo."""
+OLLAMA_PORT = 11434
+"""Ollama's port: `--ollama-port 11434` lets Ollama clients find trexo with their defaults."""
 API_MAX_BODY_BYTES = 4 * 1024 * 1024
 """Largest request body accepted; larger is HTTP 413."""
 API_BODY_TIMEOUT_S = 30.0
@@ -349,6 +351,9 @@ class ApiConfig:
     cors_origins: tuple[str, ...] = ()
     """Origins whose web pages may call the API (`*`: any); none by default."""
     cors_max_age: int = API_CORS_MAX_AGE_S
+    ollama_port: int | None = None
+    """A second listener of the same API on `host`, for Ollama clients (`OLLAMA_PORT`);
+    None: none; 0 picks a free port. Both listeners share `max_connections`."""
 
 
 # --- peer transport --------------------------------------------------------------------------

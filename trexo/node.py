@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 class NodeStarted:
     node_id: NodeId
     api_url: str
+    ollama_url: str | None = None
+    """The API's second listener, for Ollama clients (`ApiConfig.ollama_port`)."""
 
 
 ReadyCallback = Callable[[ModelRef, InstanceId, str], None]
@@ -178,7 +180,8 @@ class Node:
             await nursery.start(self.pool.run)
             nursery.start_soon(self.client.fail_orphaned_streams)
             app = create_app(self.client, self.config.api)
-            self.api_url = await nursery.start(ApiServer(app, self.config.api).run)
+            api = ApiServer(app, self.config.api)
+            self.api_url = await nursery.start(api.run)
             supervisor = SessionSupervisor(
                 sessions_receive, self._generation, policy=self.config.restart
             )
@@ -198,8 +201,10 @@ class Node:
                 )
                 nursery.start_soon(default.run)
             log.info("node %s serving the API on %s", self.node_id, self.api_url)
+            if api.ollama_url is not None:
+                log.info("node %s serving the Ollama API also on %s", self.node_id, api.ollama_url)
             assert self.api_url is not None
-            task_status.started(NodeStarted(self.node_id, self.api_url))
+            task_status.started(NodeStarted(self.node_id, self.api_url, api.ollama_url))
 
     async def wait_joined(self) -> None:
         """Until this node is in the cluster's state (its resources can be placed on)."""

@@ -60,20 +60,30 @@ BAD_CHAT_BODIES = [
     pytest.param(with_(n=2), 400, "n", "unsupported_value", id="n-2"),
     pytest.param(with_(frequency_penalty=0.5), 400, "frequency_penalty", "unsupported_parameter"),
     pytest.param(
-        with_(tools=[{"type": "function", "function": {"name": "f"}}]),
+        with_(tools=[{"type": "function", "function": {"name": "no spaces"}}]),
         400,
-        "tools",
-        "unsupported_parameter",
-        id="tools",
+        "tools[0].function.name",
+        "invalid_value",
+        id="tool-name",
     ),
     pytest.param(
-        with_(response_format={"type": "json_object"}),
+        with_(tools=[{"type": "retrieval"}]),
         400,
-        "response_format",
-        "unsupported_parameter",
+        "tools[0].type",
+        "unsupported_value",
+        id="tool-type",
+    ),
+    pytest.param(
+        with_(tool_choice="required"), 400, "tool_choice", "invalid_value", id="choice-no-tools"
+    ),
+    pytest.param(
+        with_(response_format={"type": "yaml"}),
+        400,
+        "response_format.type",
+        "invalid_value",
         id="response-format",
     ),
-    pytest.param(with_(logprobs=True), 400, "logprobs", "unsupported_parameter", id="logprobs"),
+    pytest.param(with_(top_logprobs=3), 400, "top_logprobs", "invalid_value", id="top-logprobs"),
     pytest.param(with_(temprature=0.1), 400, "temprature", "unknown_parameter", id="typo"),
     pytest.param(with_(model="nope"), 404, None, "model_not_found", id="unknown-model"),
     pytest.param(
@@ -118,7 +128,7 @@ async def test_oversize_chunked_body_is_413(http: httpx.AsyncClient) -> None:
     ("method", "path", "status", "code"),
     [
         ("GET", "/nowhere", 404, "unknown_url"),
-        ("POST", "/v1/completions", 404, "unknown_url"),
+        ("POST", "/v1/unknown", 404, "unknown_url"),
         ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
         ("DELETE", "/v1/models", 405, "method_not_allowed"),
     ],

@@ -17,7 +17,7 @@ from trexo.api.chat_request import (
     parse_chat_request,
 )
 from trexo.api.errors import ApiError
-from trexo.types.generation import ChatMessage, SamplingParams
+from trexo.types.generation import ChatMessage, ResponseFormat, SamplingParams, ToolCall, ToolChoice
 from trexo.types.ids import RequestId
 
 RID = RequestId("chatcmpl-test")
@@ -101,7 +101,7 @@ def test_max_completion_tokens_is_max_tokens() -> None:
 
 def test_null_means_absent() -> None:
     nulls = dict.fromkeys(SUPPORTED_FIELDS - {"model", "messages"})
-    assert parse(**nulls, tools=None, logprobs=None) == parse()
+    assert parse(**nulls, functions=None, logit_bias=None) == parse()
 
 
 def test_messages_roles_and_content_parts() -> None:
@@ -123,9 +123,61 @@ def test_messages_roles_and_content_parts() -> None:
         ChatMessage("system", "sys"),
         ChatMessage("user", "ab"),
         ChatMessage("assistant", ""),
-        ChatMessage("tool", "42"),
+        ChatMessage("tool", "42", tool_call_id="call-1"),
         ChatMessage("user", ""),
     )
+
+
+def test_a_tool_round_trip_is_carried_whole() -> None:
+    chat = parse(
+        messages=[
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [call("get_weather", '{"c": 1}')]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "call_1", "name": "get_weather"},
+        ],
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Weather now",
+                    "parameters": {"type": "object", "properties": {"c": {"type": "integer"}}},
+                    "strict": True,
+                },
+            }
+        ],
+        tool_choice=named("get_weather"),
+        parallel_tool_calls=False,
+    )
+    generation = chat.generation
+    assert generation.messages is not None
+    assert generation.messages[1] == ChatMessage(
+        "assistant", "", tool_calls=(ToolCall("call_1", "get_weather", '{"c": 1}'),)
+    )
+    assert generation.messages[2] == ChatMessage(
+        "tool", "sunny", tool_call_id="call_1", name="get_weather"
+    )
+    (spec,) = generation.tools
+    assert (spec.name, spec.description) == ("get_weather", "Weather now")
+    assert json.loads(spec.parameters)["properties"] == {"c": {"type": "integer"}}
+    assert generation.tool_choice == ToolChoice("function", "get_weather")
+    assert generation.parallel_tool_calls is False
+    assert generation.parses_tool_calls
+
+
+def test_logprobs_and_response_formats() -> None:
+    assert parse().generation.logprobs is None
+    assert parse(logprobs=True).generation.logprobs == 0
+    assert parse(logprobs=True, top_logprobs=5).generation.logprobs == 5
+    assert parse(response_format={"type": "json_object"}).generation.response_format == (
+        ResponseFormat("json_object")
+    )
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    fmt = parse(
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    ).generation.response_format
+    assert fmt is not None and fmt.kind == "json_schema"
+    assert fmt.schema is not None and json.loads(fmt.schema) == schema
 
 
 def test_stream_options() -> None:
@@ -137,6 +189,18 @@ def test_stream_options() -> None:
     assert refused(body(stream=True, stream_options={"x": 1})).code == "unknown_parameter"
     error = refused(body(stream=True, stream_options={"include_usage": "yes"}))
     assert error.param == "stream_options.include_usage"
+
+
+def tool(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
+def named(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
+
+
+def call(name: str, arguments: str) -> dict[str, Any]:
+    return {"id": "call_1", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 @pytest.mark.parametrize(
@@ -171,8 +235,23 @@ def test_stream_options() -> None:
         ),
         (
             {"messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]},
+            "messages[0].tool_calls[0].type",
+            "missing_required_parameter",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
             "messages[0].tool_calls",
-            "unsupported_parameter",
+            "invalid_value",
+        ),
+        (
+            {"messages": [{"role": "tool", "content": "x"}]},
+            "messages[0].tool_call_id",
+            "missing_required_parameter",
+        ),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [call("f", "{not json")]}]},
+            "messages[0].tool_calls[0].function.arguments",
+            "invalid_value",
         ),
         ({"max_tokens": 0}, "max_tokens", "invalid_value"),
         ({"max_tokens": -5}, "max_tokens", "invalid_value"),
@@ -207,12 +286,30 @@ def test_stream_options() -> None:
         ({"presence_penalty": -1}, "presence_penalty", "unsupported_parameter"),
         ({"presence_penalty": 3}, "presence_penalty", "invalid_value"),
         ({"user": 7}, "user", "invalid_type"),
-        ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
-        ({"tool_choice": "auto"}, "tool_choice", "unsupported_parameter"),
-        ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
-        ({"logprobs": True}, "logprobs", "unsupported_parameter"),
-        ({"logprobs": 1}, "logprobs", "unsupported_parameter"),
-        ({"top_logprobs": 3}, "top_logprobs", "unsupported_parameter"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function", "missing_required_parameter"),
+        ({"tools": {"type": "function"}}, "tools", "invalid_type"),
+        ({"tools": [tool("a b")]}, "tools[0].function.name", "invalid_value"),
+        ({"tools": [tool("f"), tool("f")]}, "tools", "invalid_value"),
+        ({"tools": [{**tool("f"), "extra": 1}]}, "tools[0].extra", "unknown_parameter"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+            "tools[0].function.parameters",
+            "invalid_type",
+        ),
+        ({"tool_choice": "auto"}, "tool_choice", "invalid_value"),
+        ({"tools": [tool("f")], "tool_choice": "maybe"}, "tool_choice", "invalid_value"),
+        ({"tools": [tool("f")], "tool_choice": named("g")}, "tool_choice", "invalid_value"),
+        ({"tools": [tool("f")], "parallel_tool_calls": 1}, "parallel_tool_calls", "invalid_type"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type", "invalid_value"),
+        ({"response_format": "json"}, "response_format", "invalid_type"),
+        (
+            {"response_format": {"type": "json_schema"}},
+            "response_format.json_schema",
+            "missing_required_parameter",
+        ),
+        ({"logprobs": 1}, "logprobs", "invalid_type"),
+        ({"top_logprobs": 3}, "top_logprobs", "invalid_value"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "invalid_value"),
         ({"logit_bias": {"1": 5}}, "logit_bias", "unsupported_parameter"),
         ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
         ({"prompt": "x"}, "prompt", "unknown_parameter"),
@@ -230,6 +327,7 @@ def test_refused(fields: dict[str, Any], param: str, code: str) -> None:
     [
         {"tools": []},
         {"tool_choice": "none"},
+        {"tools": [], "tool_choice": "none"},
         {"logprobs": False},
         {"response_format": {"type": "text"}},
         {"frequency_penalty": 0},
@@ -238,7 +336,7 @@ def test_refused(fields: dict[str, Any], param: str, code: str) -> None:
         {"store": False},
     ],
 )
-def test_unsupported_fields_that_ask_for_nothing_are_accepted(fields: dict[str, Any]) -> None:
+def test_fields_that_ask_for_nothing_are_accepted(fields: dict[str, Any]) -> None:
     assert parse(**fields) == parse()
 
 
@@ -331,6 +429,12 @@ wrong_types: dict[str, Any] = {
     "frequency_penalty": "0",
     "presence_penalty": [],
     "user": 1,
+    "tools": {},
+    "tool_choice": 1,
+    "parallel_tool_calls": "yes",
+    "logprobs": 1,
+    "top_logprobs": "1",
+    "response_format": "json",
 }
 
 

@@ -14,8 +14,8 @@ from trexo.api.chat_response import (
     completion_body,
     completion_from_chunks,
     openai_finish_reason,
-    usage_of,
 )
+from trexo.api.outcome import Outcome, usage_of
 from trexo.api.sse import DONE, KEEPALIVE, sse_event
 from trexo.types.chunks import Chunk, Usage
 from trexo.types.ids import RequestId
@@ -32,18 +32,14 @@ def test_finish_reasons() -> None:
     assert openai_finish_reason("stop") == "stop"
     assert openai_finish_reason("length") == "length"
     assert openai_finish_reason("cancelled") == "stop"
+    assert openai_finish_reason("tool_calls") == "tool_calls"
     with pytest.raises(ValueError, match="error"):
         openai_finish_reason("error")
 
 
 def test_completion_body_is_openais_shape() -> None:
     body = completion_body(
-        request_id=RID,
-        model="m",
-        created=CREATED,
-        text="hi",
-        finish_reason="length",
-        usage=Usage(3, 2),
+        Outcome("hi", "length", Usage(3, 2)), request_id=RID, model="m", created=CREATED
     )
     assert body == {
         "id": RID,
@@ -102,7 +98,7 @@ def encoder(include_usage: bool = False) -> ChunkEncoder:
 
 def test_stream_without_usage() -> None:
     enc = encoder()
-    events = [enc.opening()]
+    events = [*enc.opening()]
     for c in [chunk("He"), chunk(""), chunk("llo", "cancelled", Usage(1, 2))]:
         events += enc.encode(c)
     assert enc.finished
@@ -122,7 +118,7 @@ def test_stream_without_usage() -> None:
 
 def test_stream_with_usage_ends_with_a_choiceless_usage_chunk() -> None:
     enc = encoder(include_usage=True)
-    events = [enc.opening(), *enc.encode(chunk("x", "length", Usage(7, 1)))]
+    events = [*enc.opening(), *enc.encode(chunk("x", "length", Usage(7, 1)))]
     assert [e["usage"] for e in events[:-1]] == [None, None, None]
     assert events[-1]["choices"] == []
     assert events[-1]["usage"] == {
@@ -145,7 +141,7 @@ def test_stream_usage_is_counted_when_not_reported() -> None:
 def test_stream_deltas_add_up_to_the_text(texts: list[str], finish: Any) -> None:
     enc = encoder(include_usage=True)
     chunks = [chunk(t) for t in texts] + [chunk("", finish)]
-    events = [enc.opening()] + [e for c in chunks for e in enc.encode(c)]
+    events = [*enc.opening()] + [e for c in chunks for e in enc.encode(c)]
     with_choices = [e for e in events if e["choices"]]
     deltas = [e["choices"][0]["delta"] for e in with_choices]
     assert "".join(d.get("content", "") for d in deltas) == "".join(texts)

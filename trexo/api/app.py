@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import attrs
@@ -21,17 +20,29 @@ from werkzeug.exceptions import (
     RequestTimeout,
 )
 
-from trexo import safe_json
-from trexo.api.admission import admit
-from trexo.api.chat_request import ChatRequest, parse_chat_request
-from trexo.api.completions import complete, open_stream
+from trexo.api.chat_request import parse_chat_request
+from trexo.api.chat_response import ChunkEncoder, completion_from_chunks
 from trexo.api.cors import CorsPolicy, register_cors
+from trexo.api.dialects import dialects
 from trexo.api.errors import ApiError, find_api_error, internal_error
 from trexo.api.exchange import ExchangeHTTPConnection
 from trexo.api.handle import ModelListing, NodeHandle
 from trexo.api.instance_request import parse_place_instance
-from trexo.api.sse import SSE_CONTENT_TYPE, SSE_HEADERS, dumps
+from trexo.api.streaming import OPENAI_SSE, StreamSettings, collect, open_stream
+from trexo.api.text_completion import (
+    CompletionEvents,
+    parse_completion_request,
+)
+from trexo.api.text_completion import completion_body as text_completion_body
 from trexo.api.validation import invalid_value, missing
+from trexo.api.views import (
+    ErrorShape,
+    admit_generation,
+    error_body_for,
+    json_response,
+    read_json,
+    stream_response,
+)
 from trexo.config import ApiConfig
 from trexo.errors import ModelNotFound
 from trexo.hub.curated import curated
@@ -58,18 +69,12 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
         PROPAGATE_EXCEPTIONS=False,  # never a traceback page, even in debug mode
     )
 
-    def json_response(
-        body: Any, status: int = 200, headers: Mapping[str, str] | None = None
-    ) -> Response:
-        return app.response_class(
-            dumps(body),
-            status=status,
-            headers=dict(headers or {}),
-            content_type=JSON_CONTENT_TYPE,
-        )
+    # Each dialect answers errors under its paths in its own shape (OpenAI's elsewhere).
+    error_shapes: list[ErrorShape] = []
 
     def error_response(error: ApiError) -> Response:
-        return json_response(error.body(), error.status, error.headers())
+        body = error_body_for(request.path, error, error_shapes)
+        return json_response(body, error.status, error.headers())
 
     @app.before_request
     async def read_body() -> None:
@@ -95,20 +100,57 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
             api_error = internal_error()
         return error_response(api_error)
 
+    settings = StreamSettings(config.keepalive_interval, config.stalled_client_timeout)
+
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
-        chat = await admitted(node, parse_chat_request(await read_json()), config)
+        chat = parse_chat_request(await read_json())
+        generation = await admit_generation(
+            node, chat.model_id, chat.generation, chat.requested_max_tokens, config
+        )
         now = int(time.time())
+        logprobs = generation.logprobs is not None
         if chat.stream:
-            body = await open_stream(
-                node,
-                chat,
+            encoder = ChunkEncoder(
+                request_id=chat.request_id,
+                model=chat.model_id,
                 created=now,
-                keepalive_interval=config.keepalive_interval,
-                stalled_client_timeout=config.stalled_client_timeout,
+                include_usage=chat.include_usage,
+                logprobs=logprobs,
             )
-            return sse_response(app, body)
-        return json_response(await complete(node, chat, created=now))
+            body = await open_stream(node, chat.model_id, generation, encoder, OPENAI_SSE, settings)
+            return stream_response(body, OPENAI_SSE)
+        chunks = await collect(node, chat.model_id, generation)
+        return json_response(
+            completion_from_chunks(
+                chunks,
+                request_id=chat.request_id,
+                model=chat.model_id,
+                created=now,
+                logprobs=logprobs,
+            )
+        )
+
+    @app.post("/v1/completions")
+    async def text_completions() -> Response:
+        completion = parse_completion_request(await read_json())
+        generation = await admit_generation(
+            node,
+            completion.model_id,
+            completion.generation,
+            completion.requested_max_tokens,
+            config,
+        )
+        completion = attrs.evolve(completion, generation=generation)
+        now = int(time.time())
+        if completion.stream:
+            events = CompletionEvents(completion, now)
+            body = await open_stream(
+                node, completion.model_id, generation, events, OPENAI_SSE, settings
+            )
+            return stream_response(body, OPENAI_SSE)
+        chunks = await collect(node, completion.model_id, generation)
+        return json_response(text_completion_body(chunks, request=completion, created=now))
 
     @app.get("/v1/models")
     async def list_models() -> Response:
@@ -180,38 +222,14 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
             )
         return json_response({"request_id": request_id, "cancelled": True})
 
+    for dialect in dialects():
+        app.register_blueprint(dialect.blueprint(node, config, settings))
+        if dialect.errors is not None:
+            error_shapes.append(dialect.errors)
+
     # After `read_body`: an OPTIONS request's body, if any, is read before it is answered.
     register_cors(app, CorsPolicy(config.cors_origins, config.cors_max_age))
     return app
-
-
-async def admitted(node: NodeHandle, chat: ChatRequest, config: ApiConfig) -> ChatRequest:
-    """`chat` with `max_tokens` settled against the model's context, or a 400 (admission)."""
-    budget = await node.prompt_budget(chat.model_id, chat.generation)
-    if budget is None:
-        return chat  # counted by the runner, which has the tokenizer
-    generation = admit(
-        chat.generation,
-        budget,
-        requested_max_tokens=chat.requested_max_tokens,
-        cap=config.max_context_tokens,
-    )
-    return attrs.evolve(chat, generation=generation)
-
-
-async def read_json() -> Any:
-    """The request body as JSON; a 400 if it is not JSON, or is hostile JSON (NaN, Infinity,
-    nesting past `MAX_JSON_DEPTH`, out-of-range numbers: see `trexo.safe_json`)."""
-    data = await request.get_data(cache=True, as_text=False, parse_form_data=False)
-    try:
-        # Lone surrogates pass here: the request's validation refuses them, naming the field.
-        return safe_json.loads(data, allow_lone_surrogates=True)
-    except safe_json.InvalidJson as exc:
-        raise ApiError(
-            400,
-            f"We could not parse the JSON body of your request: {exc.detail}",
-            code="invalid_json",
-        ) from None
 
 
 def preview_model_id(raw: str | None) -> str:
@@ -221,10 +239,6 @@ def preview_model_id(raw: str | None) -> str:
     if not raw:
         raise invalid_value("model", "expected a non-empty string")
     return raw
-
-
-def sse_response(app: QuartTrio, body: AsyncIterator[bytes]) -> Response:
-    return app.response_class(body, status=200, headers=SSE_HEADERS, content_type=SSE_CONTENT_TYPE)
 
 
 def model_object(listing: ModelListing) -> dict[str, Any]:

@@ -21,7 +21,14 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
+from trexo.api.content import text_content
 from trexo.api.errors import ApiError
+from trexo.api.tool_request import (
+    parse_chat_tool_choice,
+    parse_chat_tools,
+    parse_response_format,
+    parse_tool_calls,
+)
 from trexo.api.validation import (
     invalid_type,
     invalid_value,
@@ -38,7 +45,14 @@ from trexo.api.validation import (
     unsupported,
     valid_text,
 )
-from trexo.types.generation import ChatMessage, GenerationRequest, SamplingParams
+from trexo.types.generation import (
+    MAX_TOP_LOGPROBS,
+    ChatMessage,
+    GenerationRequest,
+    SamplingParams,
+    ToolCall,
+    ToolChoice,
+)
 from trexo.types.ids import RequestId, new_id
 
 COMPLETION_ID_PREFIX = "chatcmpl-"
@@ -66,6 +80,12 @@ SUPPORTED_FIELDS: Final = frozenset(
         "stream",
         "stream_options",
         "repetition_penalty",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
         "n",
         "frequency_penalty",
         "presence_penalty",
@@ -74,14 +94,8 @@ SUPPORTED_FIELDS: Final = frozenset(
 )
 UNSUPPORTED_FIELDS: Final[Mapping[str, tuple[object, ...]]] = {
     # field -> the values (besides null) that ask for nothing, so they are accepted
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "parallel_tool_calls": (True, False),
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "logit_bias": ({},),
     "audio": (),
     "modalities": (["text"],),
@@ -125,14 +139,14 @@ def parse_chat_request(body: Any, request_id: RequestId | None = None) -> ChatRe
     `request_id` defaults to a fresh `new_completion_id()`.
     """
     fields = present(require_object(body))
-    _refuse_unknown_and_unsupported(fields)
+    refuse_unknown_and_unsupported(fields)
 
     model = required_str(fields, "model")
     if not model:
         raise invalid_value("model", "expected a non-empty string")
     messages = _parse_messages(required(fields, "messages"))
 
-    _check_n(fields)
+    check_n(fields)
     for penalty in ("frequency_penalty", "presence_penalty"):
         value = read_number(fields, penalty, low=-2.0, high=2.0)
         if value:
@@ -140,14 +154,21 @@ def parse_chat_request(body: Any, request_id: RequestId | None = None) -> ChatRe
     read_str(fields, "user")  # accepted and ignored, but it must be a string
 
     stream = read_bool(fields, "stream") or False
-    include_usage = _parse_stream_options(fields, stream=stream)
-    params, requested_max_tokens = _parse_sampling(fields)
+    include_usage = parse_stream_options(fields, stream=stream)
+    params, requested_max_tokens = parse_sampling(fields)
+    tools = parse_chat_tools(fields["tools"]) if "tools" in fields else ()
+    tool_choice = parse_chat_tool_choice(fields.get("tool_choice"), tools)
     return ChatRequest(
         model_id=model,
         generation=GenerationRequest(
             request_id=request_id or new_completion_id(),
             messages=messages,
             params=params,
+            tools=tools,
+            tool_choice=tool_choice if tools else ToolChoice(),
+            parallel_tool_calls=_first(read_bool(fields, "parallel_tool_calls"), True),
+            logprobs=parse_logprobs(fields),
+            response_format=parse_response_format(fields.get("response_format")),
         ),
         stream=stream,
         include_usage=include_usage,
@@ -155,13 +176,19 @@ def parse_chat_request(body: Any, request_id: RequestId | None = None) -> ChatRe
     )
 
 
-def _refuse_unknown_and_unsupported(fields: Mapping[str, Any]) -> None:
+def refuse_unknown_and_unsupported(
+    fields: Mapping[str, Any],
+    supported: frozenset[str] = SUPPORTED_FIELDS,
+    neutral: Mapping[str, tuple[object, ...]] = UNSUPPORTED_FIELDS,
+) -> None:
+    """A 400 for a field that is neither `supported` nor a `neutral` value of one that is not
+    (a value that asks for nothing, such as `"logit_bias": {}`)."""
     for name, value in fields.items():
-        if name in SUPPORTED_FIELDS:
+        if name in supported:
             continue
-        if name not in UNSUPPORTED_FIELDS:
+        if name not in neutral:
             raise unknown(name)
-        if not any(same_json(value, neutral) for neutral in UNSUPPORTED_FIELDS[name]):
+        if not any(same_json(value, accepted) for accepted in neutral[name]):
             raise unsupported(name)
 
 
@@ -187,39 +214,40 @@ def _parse_message(raw: Any, where: str) -> ChatMessage:
             f"{where}.role",
             f"expected one of {', '.join(sorted(MESSAGE_ROLES))}, but got {role!r} instead",
         )
-    if message.get("tool_calls"):
-        raise unsupported(f"{where}.tool_calls")
-    read_str(message, "name", where=f"{where}.name")
+    calls: tuple[ToolCall, ...] = ()
+    if role == "assistant" and "tool_calls" in message:
+        calls = parse_tool_calls(message["tool_calls"], f"{where}.tool_calls")
+    elif "tool_calls" in message:
+        raise invalid_value(f"{where}.tool_calls", "only assistant messages make tool calls")
+    name = read_str(message, "name", where=f"{where}.name")
+    tool_call_id = None
+    if role == "tool":
+        tool_call_id = required_str(message, "tool_call_id", where=f"{where}.tool_call_id")
     if role == "assistant" and "content" not in message:
         text = ""  # an assistant turn that only made tool calls has null content
     else:
-        text = _message_text(required(message, "content", where=f"{where}.content"), where)
-    return ChatMessage(role=ROLE_ALIASES.get(role, role), content=text)
+        text = text_content(
+            required(message, "content", where=f"{where}.content"), f"{where}.content"
+        )
+    return ChatMessage(
+        role=ROLE_ALIASES.get(role, role),
+        content=text,
+        tool_calls=calls,
+        tool_call_id=tool_call_id,
+        name=name if role == "tool" else None,
+    )
 
 
-def _message_text(content: Any, where: str) -> str:
-    """A message's text: a string, or the concatenation of its text parts."""
-    if isinstance(content, str):
-        return valid_text(content, f"{where}.content")
-    if not isinstance(content, list):
-        raise invalid_type(f"{where}.content", "a string or an array of content parts", content)
-    texts = []
-    for i, raw in enumerate(content):
-        at = f"{where}.content[{i}]"
-        part = present(require_object(raw, at))
-        kind = required_str(part, "type", where=f"{at}.type")
-        if kind != "text":
-            raise ApiError(
-                400,
-                f"Unsupported content part type {kind!r} in '{at}': only 'text' is supported.",
-                param=f"{at}.type",
-                code="unsupported_value",
-            )
-        texts.append(valid_text(required_str(part, "text", where=f"{at}.text"), f"{at}.text"))
-    return "".join(texts)
+def parse_logprobs(fields: Mapping[str, Any]) -> int | None:
+    """`logprobs` and `top_logprobs` as one number: None (off) or how many rivals to list."""
+    wanted = read_bool(fields, "logprobs") or False
+    top = read_int(fields, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise invalid_value("top_logprobs", "'logprobs' must be true when 'top_logprobs' is given")
+    return (top or 0) if wanted else None
 
 
-def _check_n(fields: Mapping[str, Any]) -> None:
+def check_n(fields: Mapping[str, Any]) -> None:
     n = read_int(fields, "n", low=1)
     if n is not None and n != 1:
         raise ApiError(
@@ -230,7 +258,7 @@ def _check_n(fields: Mapping[str, Any]) -> None:
         )
 
 
-def _parse_stream_options(fields: Mapping[str, Any], *, stream: bool) -> bool:
+def parse_stream_options(fields: Mapping[str, Any], *, stream: bool) -> bool:
     """`stream_options.include_usage`; the options are only allowed with `stream`."""
     raw = fields.get("stream_options")
     if raw is None:
@@ -247,7 +275,7 @@ def _parse_stream_options(fields: Mapping[str, Any], *, stream: bool) -> bool:
     return read_bool(options, "include_usage", where="stream_options.include_usage") or False
 
 
-def _parse_sampling(fields: Mapping[str, Any]) -> tuple[SamplingParams, int | None]:
+def parse_sampling(fields: Mapping[str, Any]) -> tuple[SamplingParams, int | None]:
     """The sampling parameters, and the `max_tokens` the client asked for (None if absent)."""
     defaults = SamplingParams()
     max_tokens = read_int(fields, "max_tokens", low=1, high=MAX_TOKENS_LIMIT)

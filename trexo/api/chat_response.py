@@ -1,22 +1,29 @@
 """Build OpenAI Chat Completions responses from trexo chunks. Pure: no I/O.
 
-Finish reasons: trexo's "stop" and "length" are OpenAI's. "cancelled" (someone called
-`POST /v1/cancel/{id}`) is reported as "stop": the text so far is a valid, shorter answer,
-OpenAI has no such reason, and strict clients reject unknown ones; whoever cancelled knows.
-"error" never becomes a finish reason: it is reported as an error (see `trexo.api.errors`).
+Finish reasons: trexo's "stop", "length" and "tool_calls" are OpenAI's. "cancelled" (someone
+called `POST /v1/cancel/{id}`) is reported as "stop": the text so far is a valid, shorter
+answer, OpenAI has no such reason, and strict clients reject unknown ones; whoever cancelled
+knows. "error" never becomes a finish reason: it is reported as an error
+(see `trexo.api.errors`).
+
+Tool calls stream as OpenAI streams them: each call's first delta carries its `index`, `id`,
+`type` and function `name`, with its `arguments` (trexo sends each call whole, once the model
+has finished writing it, so one delta holds all of it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, Literal
 
 import attrs
 
-from trexo.types.chunks import Chunk, FinishReason, Usage
+from trexo.api.errors import ApiError
+from trexo.api.outcome import Outcome, outcome_of, usage_of
+from trexo.types.chunks import Chunk, FinishReason, TokenLogprob, TopLogprob, Usage
+from trexo.types.generation import ToolCall
 from trexo.types.ids import RequestId
 
-OpenAIFinishReason = Literal["stop", "length"]
+OpenAIFinishReason = Literal["stop", "length", "tool_calls"]
 
 COMPLETION_OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -24,8 +31,11 @@ CHUNK_OBJECT = "chat.completion.chunk"
 _FINISH_REASONS: dict[FinishReason, OpenAIFinishReason] = {
     "stop": "stop",
     "length": "length",
+    "tool_calls": "tool_calls",
     "cancelled": "stop",
 }
+
+__all__ = ["ChunkEncoder", "completion_body", "openai_finish_reason", "usage_body", "usage_of"]
 
 
 def openai_finish_reason(reason: FinishReason) -> OpenAIFinishReason:
@@ -47,23 +57,48 @@ def usage_body(usage: Usage) -> dict[str, Any]:
     }
 
 
-def usage_of(chunks: Iterable[Chunk]) -> Usage:
-    """The usage the final chunk reports; counted from token ids if it reports none."""
-    chunks = list(chunks)
-    for chunk in reversed(chunks):
-        if chunk.usage is not None:
-            return chunk.usage
-    return Usage(prompt_tokens=0, completion_tokens=sum(len(c.token_ids) for c in chunks))
+def tool_call_body(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    """A call as OpenAI's `tool_calls` entries have it (`index` in stream deltas)."""
+    body: dict[str, Any] = {} if index is None else {"index": index}
+    body.update(
+        {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+    )
+    return body
+
+
+def _top_body(entry: TopLogprob) -> dict[str, Any]:
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.bytes)}
+
+
+def logprobs_body(entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a choice: one `content` entry per token."""
+    content = [
+        {**_top_body(entry), "top_logprobs": [_top_body(top) for top in entry.top]}  # type: ignore[arg-type]
+        for entry in entries
+    ]
+    return {"content": content, "refusal": None}
+
+
+def message_body(outcome: Outcome) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": outcome.text, "refusal": None}
+    if outcome.tool_calls:
+        # As OpenAI answers a turn of only calls: content null, not "".
+        message["content"] = outcome.text or None
+        message["tool_calls"] = [tool_call_body(call) for call in outcome.tool_calls]
+    return message
 
 
 def completion_body(
+    outcome: Outcome,
     *,
     request_id: RequestId,
     model: str,
     created: int,
-    text: str,
-    finish_reason: FinishReason,
-    usage: Usage,
+    logprobs: bool = False,
 ) -> dict[str, Any]:
     """A non-streaming `chat.completion` object with one choice."""
     return {
@@ -75,50 +110,44 @@ def completion_body(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": openai_finish_reason(finish_reason),
+                "message": message_body(outcome),
+                "logprobs": logprobs_body(outcome.logprobs) if logprobs else None,
+                "finish_reason": openai_finish_reason(outcome.finish_reason),
             }
         ],
-        "usage": usage_body(usage),
+        "usage": usage_body(outcome.usage),
     }
 
 
 def completion_from_chunks(
-    chunks: Iterable[Chunk], *, request_id: RequestId, model: str, created: int
+    chunks: list[Chunk], *, request_id: RequestId, model: str, created: int, logprobs: bool = False
 ) -> dict[str, Any]:
     """The `chat.completion` for a finished generation's chunks (the last one finishes it)."""
-    chunks = list(chunks)
-    if not chunks or chunks[-1].finish_reason is None:
-        raise ValueError("a completion needs the chunks of a finished generation")
     return completion_body(
-        request_id=request_id,
-        model=model,
-        created=created,
-        text="".join(chunk.text for chunk in chunks),
-        finish_reason=chunks[-1].finish_reason,
-        usage=usage_of(chunks),
+        outcome_of(chunks), request_id=request_id, model=model, created=created, logprobs=logprobs
     )
 
 
 @attrs.define
 class ChunkEncoder:
     """Turns one generation's trexo chunks into `chat.completion.chunk` objects, as OpenAI
-    streams them: a first chunk with the role, content deltas, a chunk with the finish reason,
-    and with `include_usage` a last chunk with no choices and the usage (every other chunk
-    then has `"usage": null`).
+    streams them: a first chunk with the role, content and tool-call deltas, a chunk with the
+    finish reason, and with `include_usage` a last chunk with no choices and the usage (every
+    other chunk then has `"usage": null`). A `trexo.api.streaming.ChunkEvents`.
     """
 
     request_id: RequestId
     model: str
     created: int
     include_usage: bool = False
+    logprobs: bool = False
     finished: bool = attrs.field(default=False, init=False)
     _completion_tokens: int = attrs.field(default=0, init=False)
+    _calls: int = attrs.field(default=0, init=False)
 
-    def opening(self) -> dict[str, Any]:
+    def opening(self) -> list[dict[str, Any]]:
         """The first chunk: the assistant role and empty content, sent before any tokens."""
-        return self._chunk({"role": "assistant", "content": ""}, None)
+        return [self._chunk({"role": "assistant", "content": ""}, None)]
 
     def encode(self, chunk: Chunk) -> list[dict[str, Any]]:
         """The chunk objects for one trexo chunk (none for an empty one, or after the end)."""
@@ -126,8 +155,15 @@ class ChunkEncoder:
             return []
         self._completion_tokens += len(chunk.token_ids)
         out = []
-        if chunk.text:
-            out.append(self._chunk({"content": chunk.text}, None))
+        logprobs = logprobs_body(chunk.logprobs) if self.logprobs and chunk.logprobs else None
+        if chunk.text or logprobs is not None:
+            out.append(self._chunk({"content": chunk.text}, None, logprobs))
+        if chunk.tool_calls:
+            calls = []
+            for call in chunk.tool_calls:
+                calls.append(tool_call_body(call, self._calls))
+                self._calls += 1
+            out.append(self._chunk({"tool_calls": calls}, None))
         if chunk.finish_reason is not None:
             self.finished = True
             out.append(self._chunk({}, openai_finish_reason(chunk.finish_reason)))
@@ -136,12 +172,21 @@ class ChunkEncoder:
                 out.append(self._envelope([], usage_body(usage)))
         return out
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def error(self, error: ApiError) -> list[dict[str, Any]]:
+        self.finished = True
+        return [error.body()]
+
+    def _chunk(
+        self,
+        delta: dict[str, Any],
+        finish_reason: str | None,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope([choice], None)
 
     def _envelope(
-        self, choices: list[dict[str, Any]], usage: dict[str, int] | None
+        self, choices: list[dict[str, Any]], usage: dict[str, Any] | None
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.request_id,

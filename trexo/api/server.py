@@ -40,11 +40,16 @@ class ApiServer:
     `await nursery.start(server.run)` returns the bound URL (e.g. "http://127.0.0.1:52415",
     with the real port when `config.port` is 0) once the socket is listening. Cancelling
     stops it; in-flight requests are cancelled, so their generations are too.
+
+    With `config.ollama_port`, the same app also listens there (`ollama_url`), so that
+    Ollama clients find it at their default address.
     """
 
     app: QuartTrio
     config: ApiConfig = attrs.field(factory=ApiConfig)
     cap: ConnectionCap = attrs.field(init=False)
+    urls: tuple[str, ...] = attrs.field(default=(), init=False)
+    """The bound URLs once listening: the API's, then the Ollama listener's."""
 
     def __attrs_post_init__(self) -> None:
         limit = connection_limit(self.config.max_connections, fd_soft_limit())
@@ -62,7 +67,13 @@ class ApiServer:
             binds: list[str] = await nursery.start(
                 serve, self.app, hypercorn_config(self.config), self.cap
             )
+            self.urls = tuple(binds)
             task_status.started(binds[0])
+
+    @property
+    def ollama_url(self) -> str | None:
+        """The Ollama listener's bound URL, once listening; None without one."""
+        return self.urls[1] if len(self.urls) > 1 else None
 
 
 def connection_limit(configured: int, fd_limit: int) -> int:
@@ -117,7 +128,10 @@ class _TCPServer(TCPServer):
 def hypercorn_config(config: ApiConfig) -> HypercornConfig:
     hc = HypercornConfig()
     host = f"[{config.host}]" if ":" in config.host else config.host  # IPv6 literal
+    # One socket per bind, in this order: the API's URL is reported first.
     hc.bind = [f"{host}:{config.port}"]
+    if config.ollama_port is not None:
+        hc.bind.append(f"{host}:{config.ollama_port}")
     hc.accesslog = logging.getLogger(ACCESS_LOGGER)
     hc.errorlog = logging.getLogger(SERVER_LOGGER)
     hc.logger_class = _AccessLogAtDebug

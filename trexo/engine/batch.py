@@ -35,9 +35,11 @@ from mlx_lm.sample_utils import (
     make_logits_processors,
 )
 
+from trexo.engine.logprobs import token_logprob
+from trexo.engine.output import OutputReader, Released, output_reader
 from trexo.engine.sharding import Sampler, SamplerWrap
-from trexo.engine.stops import StopMatcher
-from trexo.types.chunks import Chunk, FinishReason, Usage
+from trexo.engine.structured_output import format_processor
+from trexo.types.chunks import Chunk, FinishReason, TokenLogprob, Usage
 from trexo.types.generation import GenerationRequest, SamplingParams
 from trexo.types.ids import RequestId
 from trexo.types.ipc import PromptCacheStats
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 CACHE_KEY = "model"
 """The prompt cache's model key: one model per runner."""
 SEED_BITS = 31
+NOTHING = Released()
 
 
 @attrs.define
@@ -55,7 +58,8 @@ class _Generation:
     prompt_tokens: int
     cached_tokens: int
     detokenizer: Any
-    matcher: StopMatcher
+    reader: OutputReader
+    top_logprobs: int | None = None
     generated: int = 0
 
 
@@ -139,8 +143,11 @@ class BatchEngine:
         )
 
     def add(self, request: GenerationRequest, prompt: list[int]) -> None:
-        """Start `request` (its `prompt` encoded and checked by the caller) at the next step."""
+        """Start `request` (its `prompt` encoded and checked by the caller) at the next step.
+
+        `ValueError` if its response format cannot be followed."""
         params = request.params
+        processors = self._processors(request)
         cache, rest = self._cached_prefix(prompt)
         cached = len(prompt) - len(rest)
         sampler = request_sampler(params, params.seed)
@@ -150,18 +157,27 @@ class BatchEngine:
             caches=[cache] if cache is not None else None,
             all_tokens=[prompt[:cached]],
             samplers=[self._share(sampler)] if sampler is not None else None,
-            logits_processors=[
-                make_logits_processors(repetition_penalty=params.repetition_penalty)
-            ],
+            logits_processors=[processors],
         )
         self._running[uid] = _Generation(
             request.request_id,
             len(prompt),
             cached,
             self._tokenizer.detokenizer,
-            StopMatcher(params.stop),
+            output_reader(self._tokenizer, request),
+            request.logprobs,
         )
         self._uids[request.request_id] = uid
+
+    def _processors(self, request: GenerationRequest) -> list[Any]:
+        """The request's logits processors; a response format's constraint last, so that
+        nothing after it can undo its mask."""
+        processors: list[Any] = make_logits_processors(
+            repetition_penalty=request.params.repetition_penalty
+        )
+        if (fmt := request.response_format) is not None:
+            processors.append(format_processor(self._tokenizer, fmt.kind, fmt.schema))
+        return processors
 
     def remove(self, request_id: RequestId) -> Chunk | None:
         """End `request_id` now ("cancelled"): its final chunk, with the text held back."""
@@ -171,9 +187,8 @@ class BatchEngine:
         self._keep_cache(self._generator.remove([uid], return_prompt_caches=True).get(uid))
         generation = self._forget(uid)
         generation.detokenizer.finalize()
-        tail = generation.matcher.feed(generation.detokenizer.last_segment)
-        text = tail.text if tail.stopped else tail.text + generation.matcher.flush()
-        return self._final(generation, text, (), "cancelled")
+        tail = self._ending(generation, generation.detokenizer.last_segment)
+        return self._final(generation, tail, (), "cancelled")
 
     def step(self) -> list[Chunk]:
         """One step of every generation: a chunk per token generated, final ones last."""
@@ -232,29 +247,66 @@ class BatchEngine:
     def _chunk(self, generation: _Generation, response: Any) -> Chunk:
         generation.generated += 1
         token_ids = (int(response.token),)
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if generation.top_logprobs is not None:
+            logprobs = (
+                token_logprob(
+                    self._tokenizer, response.logprobs, response.token, generation.top_logprobs
+                ),
+            )
         detokenizer = generation.detokenizer
         # On "stop" the token is the EOS, which carries no text.
         if response.finish_reason != "stop":
             detokenizer.add_token(response.token)
         if response.finish_reason is not None:
             detokenizer.finalize()
-        released = generation.matcher.feed(detokenizer.last_segment)
+        released = generation.reader.feed(detokenizer.last_segment)
         if released.stopped:
-            return self._final(generation, released.text, token_ids, "stop")
+            return self._final(generation, released, token_ids, "stop", logprobs)
         if response.finish_reason is not None:
             reason: FinishReason = "stop" if response.finish_reason == "stop" else "length"
-            return self._final(
-                generation, released.text + generation.matcher.flush(), token_ids, reason
-            )
-        return Chunk(generation.request_id, released.text, token_ids)
+            ending = self._ending(generation, "", released)
+            return self._final(generation, ending, token_ids, reason, logprobs)
+        return Chunk(
+            generation.request_id,
+            released.text,
+            token_ids,
+            tool_calls=released.tool_calls,
+            logprobs=logprobs,
+        )
+
+    @staticmethod
+    def _ending(generation: _Generation, piece: str, before: Released = NOTHING) -> Released:
+        """`before` and what the last `piece` and the end release (held text, an open call)."""
+        released = generation.reader.feed(piece) if piece else NOTHING
+        rest = NOTHING if released.stopped else generation.reader.finish()
+        return Released(
+            before.text + released.text + rest.text,
+            before.tool_calls + released.tool_calls + rest.tool_calls,
+            stopped=released.stopped or rest.stopped,
+        )
 
     @staticmethod
     def _final(
-        generation: _Generation, text: str, token_ids: tuple[int, ...], reason: FinishReason
+        generation: _Generation,
+        released: Released,
+        token_ids: tuple[int, ...],
+        reason: FinishReason,
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> Chunk:
         usage = Usage(
             prompt_tokens=generation.prompt_tokens,
             completion_tokens=generation.generated,
             cached_tokens=generation.cached_tokens,
         )
-        return Chunk(generation.request_id, text, token_ids, finish_reason=reason, usage=usage)
+        if reason == "stop" and generation.reader.calls_made:
+            reason = "tool_calls"
+        return Chunk(
+            generation.request_id,
+            released.text,
+            token_ids,
+            finish_reason=reason,
+            usage=usage,
+            tool_calls=released.tool_calls,
+            logprobs=logprobs,
+        )

@@ -5,6 +5,8 @@ byte-level BPE tokenizer trained on the standard library's `pydoc_data.topics` t
 ChatML chat template. Its output is nonsense; what matters is that the same size and seed give
 byte-identical files, so greedy output is the same wherever it is built (with the same Python:
 the training text is the stdlib's, and `corpus_sha256` in `config.json` records which).
+Size "tools" is the exception that means something: its weights are constructed so that its
+greedy output follows a tool-calling script (`trexo.engine.scripted_model`).
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 DEMO_MODEL_PREFIX = "trexo-demo-"
 DEFAULT_DEMO_SIZE = "tiny"
@@ -42,6 +47,12 @@ VARIED_DEMO_SIZE = "tiny-varied"
 VARIED_BLOCK_SCALE = 3.0
 BLOCK_PARAMETER_PREFIX = "model.layers."
 """Names of the transformer blocks' parameters (what `block_scale` multiplies)."""
+
+TOOLS_DEMO_SIZE = "tools"
+"""The scripted model (`trexo.engine.scripted_model`): constructed weights whose greedy
+output follows a tool-calling script."""
+SCRIPTED_ADDED_TOKENS = 14
+"""Tokens the scripted model adds to the BPE's vocabulary (its builder checks the count)."""
 
 MAX_POSITION_EMBEDDINGS = 4096
 RMS_NORM_EPS = 1e-5
@@ -83,6 +94,10 @@ DEMO_MODEL_SPECS: Mapping[str, DemoModelSpec] = MappingProxyType(
         VARIED_DEMO_SIZE: DemoModelSpec(128, 4, 4, 2, 256, block_scale=VARIED_BLOCK_SCALE),
         # ~20 M parameters, 80 MB: for benchmarks.
         "small": DemoModelSpec(512, 8, 8, 4, 1024),
+        # ~72 k parameters, 0.3 MB, one layer and one head: the script's lookup, for tests.
+        TOOLS_DEMO_SIZE: DemoModelSpec(
+            32, 1, 1, 1, 16, vocab_size=DEMO_VOCAB_SIZE + SCRIPTED_ADDED_TOKENS
+        ),
     }
 )
 DEMO_MODEL_NAMES: tuple[str, ...] = tuple(DEMO_MODEL_SPECS)
@@ -124,9 +139,11 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-def _build_tokenizer(dest: Path, corpus: list[str], vocab_size: int) -> dict[str, int]:
-    """Train the BPE, write the tokenizer files; return the special tokens' ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def _train_tokenizer(
+    corpus: list[str], vocab_size: int, added_tokens: Sequence[str] = ()
+) -> Tokenizer:
+    """The trained BPE, then `added_tokens` (non-special, matched verbatim) after its vocab."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -140,14 +157,21 @@ def _build_tokenizer(dest: Path, corpus: list[str], vocab_size: int) -> dict[str
     # The trainer's merge choice is deterministic (ties broken by pair order), whatever the
     # thread count; the builds-are-identical test holds us to that.
     tokenizer.train_from_iterator(corpus, trainer)
-    (dest / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n")
+    tokenizer.add_tokens([AddedToken(token, normalized=False) for token in added_tokens])
+    return tokenizer
 
-    ids: dict[str, int] = {}
-    for token in SPECIAL_TOKENS:
-        token_id = tokenizer.token_to_id(token)
-        if token_id is None:
-            raise RuntimeError(f"the trained tokenizer lacks special token {token}")
-        ids[token] = token_id
+
+def _token_id(tokenizer: Tokenizer, token: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise RuntimeError(f"the trained tokenizer lacks token {token!r}")
+    return token_id
+
+
+def _write_tokenizer(dest: Path, tokenizer: Tokenizer, chat_template: str) -> dict[str, int]:
+    """Write the tokenizer files; return the special tokens' ids."""
+    (dest / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n")
+    ids = {token: _token_id(tokenizer, token) for token in SPECIAL_TOKENS}
     # Written by hand rather than by `PreTrainedTokenizerFast.save_pretrained`, whose output
     # differs between transformers 4 and 5 (5 names a class that 4 does not have).
     _write_json(
@@ -160,17 +184,17 @@ def _build_tokenizer(dest: Path, corpus: list[str], vocab_size: int) -> dict[str
             "unk_token": None,
             "additional_special_tokens": [IM_START],
             "added_tokens_decoder": {
-                str(ids[token]): {
-                    "content": token,
+                str(token_id): {
+                    "content": token.content,
                     "lstrip": False,
                     "normalized": False,
                     "rstrip": False,
                     "single_word": False,
-                    "special": True,
+                    "special": token.special,
                 }
-                for token in SPECIAL_TOKENS
+                for token_id, token in tokenizer.get_added_tokens_decoder().items()
             },
-            "chat_template": CHATML_TEMPLATE,
+            "chat_template": chat_template,
             "clean_up_tokenization_spaces": False,
             "model_max_length": MAX_POSITION_EMBEDDINGS,
         },
@@ -180,6 +204,11 @@ def _build_tokenizer(dest: Path, corpus: list[str], vocab_size: int) -> dict[str
         {"eos_token": IM_END, "pad_token": IM_END, "additional_special_tokens": [IM_START]},
     )
     return ids
+
+
+def _build_tokenizer(dest: Path, corpus: list[str], vocab_size: int) -> dict[str, int]:
+    """Train the BPE, write the tokenizer files; return the special tokens' ids."""
+    return _write_tokenizer(dest, _train_tokenizer(corpus, vocab_size), CHATML_TEMPLATE)
 
 
 # --- model ---------------------------------------------------------------------------------
@@ -244,7 +273,8 @@ def _build_weights(dest: Path, config: dict[str, Any], seed: int, block_scale: f
 def build_demo_model(
     dest: Path, size: str = DEFAULT_DEMO_SIZE, seed: int = DEFAULT_DEMO_SEED
 ) -> Path:
-    """Build demo model `size` with weights from `seed` into directory `dest`; return `dest`.
+    """Build demo model `size` with weights from `seed` (but for the scripted size "tools")
+    into directory `dest`; return `dest`.
 
     Needs no network. The same size and seed give byte-identical files. Writes in place: use
     `ensure_demo_model` for a cached, atomically published model.
@@ -252,6 +282,11 @@ def build_demo_model(
     spec = _spec(size)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    if size == TOOLS_DEMO_SIZE:
+        # Imported here: the scripted model's module builds on this one.
+        from trexo.engine.scripted_model import build_scripted_model
+
+        return build_scripted_model(dest, spec, seed)
     corpus = _training_corpus()
     ids = _build_tokenizer(dest, corpus, spec.vocab_size)
     config = _model_config(spec, size, seed, ids[IM_END], _corpus_digest(corpus))

@@ -181,6 +181,13 @@ class Engine:
         params = request.params
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, not {params.max_tokens}")
+        if request.parses_tool_calls and not getattr(self._tokenizer, "has_tool_calling", False):
+            raise ValueError(
+                "this model's chat template has no tool-call format mlx-lm knows, "
+                "so it cannot be offered tools"
+            )
+        if request.logprobs is not None and self._share_tokens is not None:
+            raise ValueError("log probabilities are not available from a model split across nodes")
         prompt = self.encode_prompt(request)
         if not prompt:
             raise ValueError("the prompt encodes to no tokens")

@@ -3,6 +3,11 @@
 The API node (to admit a request: prompt + `max_tokens` must fit the context) and the runner
 (to generate) both call `encode_prompt` with the same tokenizer files, so they count the same.
 
+Tools (OpenAI's function format) go into the chat template, which is how a model learns
+what it may call. When a call is forced (`tool_choice` required or a named function), the
+generation prompt ends with the tokenizer's tool-call start marker, so the model's first
+words are a call (`forced_tool_call`).
+
 User content is tokenized as text: a chat template renders messages to one string, and
 tokenizing that string would turn control strings a user typed (`<|im_end|>`,
 `<|im_start|>system`) into control tokens, letting them forge turns. So when any content
@@ -18,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trexo.types.generation import ChatMessage, GenerationRequest
+from trexo.types.generation import ChatMessage, GenerationRequest, ToolCall, ToolSpec
 
 CONTEXT_LENGTH_KEYS = (
     "max_position_embeddings",
@@ -53,7 +58,10 @@ def encode_prompt(tokenizer: Any, request: GenerationRequest) -> list[int]:
     `tokenizer` is mlx-lm's `TokenizerWrapper` (or a Hugging Face tokenizer).
     """
     if request.messages is not None:
-        return encode_chat(tokenizer, request.messages)
+        ids = encode_chat(tokenizer, request.messages, template_tools(request))
+        if forced_tool_call(tokenizer, request):
+            ids += _encode(tokenizer, tokenizer.tool_call_start, split_special=False)
+        return ids
     assert request.prompt is not None
     # As mlx-lm does for text prompts: add BOS unless the prompt already starts with it.
     bos = tokenizer.bos_token
@@ -61,16 +69,52 @@ def encode_prompt(tokenizer: Any, request: GenerationRequest) -> list[int]:
     return list(tokenizer.encode(request.prompt, add_special_tokens=add_special))
 
 
-def encode_chat(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:
+def template_tools(request: GenerationRequest) -> list[dict[str, Any]] | None:
+    """The tools to show the model, in the chat templates' (OpenAI's) format: none when it
+    must not call any, only the named one when that one must be called."""
+    choice = request.tool_choice
+    if not request.parses_tool_calls:
+        return None
+    tools = request.tools
+    if choice.mode == "function":
+        tools = tuple(tool for tool in tools if tool.name == choice.function)
+    return [tool_dict(tool) for tool in tools]
+
+
+def forced_tool_call(tokenizer: Any, request: GenerationRequest) -> bool:
+    """Whether the prompt ends inside a tool call: the request demands a call and the
+    tokenizer knows how its model starts one."""
+    return (
+        request.parses_tool_calls
+        and request.tool_choice.mode in ("required", "function")
+        and bool(getattr(tokenizer, "has_tool_calling", False))
+    )
+
+
+def tool_dict(tool: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name, "parameters": json.loads(tool.parameters)}
+    if tool.description is not None:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
+
+
+def encode_chat(
+    tokenizer: Any,
+    messages: Sequence[ChatMessage],
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """The chat template applied to `messages`; control strings in content stay text."""
     specials = special_token_texts(tokenizer)
+    extra = {"tools": tools} if tools else {}
     if not any(special in m.content for m in messages for special in specials):
-        return list(tokenizer.apply_chat_template(_as_dicts(messages), add_generation_prompt=True))
+        return list(
+            tokenizer.apply_chat_template(_as_dicts(messages), add_generation_prompt=True, **extra)
+        )
     # Placeholders: a random marker nothing else in the rendered text can contain.
     marker = f"trexo{secrets.token_hex(8)}"
     holders = [f"{marker}{i}{marker}" for i in range(len(messages))]
     rendered = tokenizer.apply_chat_template(
-        _as_dicts(messages, holders), add_generation_prompt=True, tokenize=False
+        _as_dicts(messages, holders), add_generation_prompt=True, tokenize=False, **extra
     )
     ids: list[int] = []
     rest = rendered
@@ -97,9 +141,34 @@ def special_token_texts(tokenizer: Any) -> frozenset[str]:
 
 def _as_dicts(
     messages: Sequence[ChatMessage], contents: Sequence[str] | None = None
-) -> list[dict[str, str]]:
+) -> list[dict[str, Any]]:
     texts = contents if contents is not None else [m.content for m in messages]
-    return [{"role": m.role, "content": text} for m, text in zip(messages, texts, strict=True)]
+    return [_as_dict(m, text) for m, text in zip(messages, texts, strict=True)]
+
+
+def _as_dict(message: ChatMessage, content: str) -> dict[str, Any]:
+    """A message as chat templates read it (Hugging Face's convention, as mlx-lm passes it)."""
+    out: dict[str, Any] = {"role": message.role, "content": content}
+    if message.tool_calls:
+        out["tool_calls"] = [_call_dict(call) for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def _call_dict(call: ToolCall) -> dict[str, Any]:
+    # Templates render arguments with `tojson`: they expect an object, not its JSON text.
+    try:
+        arguments: Any = json.loads(call.arguments)
+    except ValueError:
+        arguments = call.arguments
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments},
+    }
 
 
 def _encode(tokenizer: Any, text: str, *, split_special: bool) -> list[int]:

@@ -6,9 +6,10 @@ from typing import Literal
 
 import attrs
 
+from trexo.types.generation import ToolCall
 from trexo.types.ids import RequestId
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
 
 
 @attrs.frozen
@@ -24,11 +25,36 @@ class Usage:
 
 
 @attrs.frozen
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    """The token's UTF-8 bytes (a token can hold part of a character)."""
+
+
+@attrs.frozen
+class TokenLogprob:
+    """One generated token's log probability, with the most likely alternatives."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[TopLogprob, ...] = ()
+
+
+@attrs.frozen
 class Chunk:
-    """A piece of one request's output. The last chunk has `finish_reason` and `usage` set."""
+    """A piece of one request's output. The last chunk has `finish_reason` and `usage` set.
+
+    `text` is what the model said; `tool_calls` are calls it completed in this piece (parsed
+    out of its text, which then does not hold them). `logprobs`, when asked for, has one
+    entry per token in `token_ids`.
+    """
 
     request_id: RequestId
     text: str
     token_ids: tuple[int, ...] = ()
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()

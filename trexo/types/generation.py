@@ -1,18 +1,84 @@
-"""What a generation asks for: chat messages or a prompt, and how to sample."""
+"""What a generation asks for: chat messages or a prompt, tools, and how to sample.
+
+Every API dialect (OpenAI Chat, Completions and Responses, Anthropic Messages, Ollama)
+translates its request into one `GenerationRequest`; this is the whole of what a runner is
+told. JSON values a dialect passes through untouched (a tool's parameter schema, a call's
+arguments, a response schema) travel as JSON text: hashable, and opaque to the wire.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import attrs
 
 from trexo.types.ids import RequestId
 
 DEFAULT_MAX_TOKENS = 256
+MAX_TOP_LOGPROBS = 20
+"""OpenAI's limit on `top_logprobs`."""
+
+ToolChoiceMode = Literal["auto", "none", "required", "function"]
+ResponseFormatKind = Literal["json_object", "json_schema"]
+
+
+@attrs.frozen
+class ToolCall:
+    """A function call the model made (or made earlier, replayed in a conversation)."""
+
+    id: str
+    name: str
+    arguments: str
+    """The arguments as JSON text (an object), as OpenAI carries them."""
 
 
 @attrs.frozen
 class ChatMessage:
+    """One turn. `role` is system, user, assistant or tool (dialects map theirs onto these)."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    """An assistant turn's calls."""
+    tool_call_id: str | None = None
+    """A tool turn: the call it answers."""
+    name: str | None = None
+    """A tool turn: the function that answered (some chat templates render it)."""
+
+
+@attrs.frozen
+class ToolSpec:
+    """A function the model may call."""
+
+    name: str
+    description: str | None = None
+    parameters: str = '{"type": "object", "properties": {}}'
+    """The parameters' JSON Schema, as JSON text."""
+
+
+@attrs.frozen
+class ToolChoice:
+    """Whether the model may (`auto`), must not (`none`) or must (`required`) call a tool,
+    or must call the one named `function`."""
+
+    mode: ToolChoiceMode = "auto"
+    function: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.mode == "function") != (self.function is not None):
+            raise ValueError("a tool choice names a function exactly when its mode is 'function'")
+
+
+@attrs.frozen
+class ResponseFormat:
+    """Constrained output: any JSON object, or JSON matching `schema` (JSON text)."""
+
+    kind: ResponseFormatKind
+    schema: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.kind == "json_schema") != (self.schema is not None):
+            raise ValueError("a response format has a schema exactly when its kind is json_schema")
 
 
 @attrs.frozen
@@ -40,7 +106,24 @@ class GenerationRequest:
     messages: tuple[ChatMessage, ...] | None = None
     prompt: str | None = None
     params: SamplingParams = SamplingParams()
+    tools: tuple[ToolSpec, ...] = ()
+    """Functions the model may call; calls in its output are parsed (chat requests only)."""
+    tool_choice: ToolChoice = ToolChoice()
+    parallel_tool_calls: bool = True
+    """False: at most one call is returned (the first)."""
+    logprobs: int | None = None
+    """None: no log probabilities; n >= 0: each token's, with its `n` most likely rivals."""
+    response_format: ResponseFormat | None = None
 
     def __attrs_post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("a generation request needs exactly one of messages or prompt")
+        if self.tools and self.messages is None:
+            raise ValueError("tools need a chat (messages), not a raw prompt")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top logprobs must be within 0..{MAX_TOP_LOGPROBS}")
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether the model is offered tools, so its calls are parsed out of its text."""
+        return bool(self.tools) and self.tool_choice.mode != "none"

@@ -1,0 +1,89 @@
+"""What every dialect's views share: reading the JSON body, admitting a generation against its
+model's context, and answering with JSON or a stream. Runs inside a Quart request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+from quart import Response, current_app, request
+
+from trexo import safe_json
+from trexo.api.admission import admit
+from trexo.api.errors import ApiError
+from trexo.api.handle import NodeHandle
+from trexo.api.sse import SSE_HEADERS, dumps
+from trexo.api.streaming import Framing
+from trexo.config import ApiConfig
+from trexo.types.generation import GenerationRequest
+
+JSON_CONTENT_TYPE = "application/json"
+
+ErrorBody = Callable[[ApiError], dict[str, Any]]
+
+
+@attrs.frozen
+class ErrorShape:
+    """A dialect's error body, for every error under its paths (an unknown URL included)."""
+
+    path_prefixes: tuple[str, ...]
+    body: ErrorBody
+
+
+def error_body_for(path: str, error: ApiError, shapes: Sequence[ErrorShape]) -> dict[str, Any]:
+    """`error`'s body in the dialect of `path` (OpenAI's where no dialect claims the path)."""
+    for shape in shapes:
+        if path.startswith(shape.path_prefixes):
+            return shape.body(error)
+    return error.body()
+
+
+def json_response(
+    body: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    return current_app.response_class(
+        dumps(body), status=status, headers=dict(headers or {}), content_type=JSON_CONTENT_TYPE
+    )
+
+
+def stream_response(body: AsyncIterator[bytes], framing: Framing) -> Response:
+    return current_app.response_class(
+        body, status=200, headers=SSE_HEADERS, content_type=framing.content_type
+    )
+
+
+async def read_json() -> Any:
+    """The request body as JSON; a 400 if it is not JSON, or is hostile JSON (NaN, Infinity,
+    nesting past `MAX_JSON_DEPTH`, out-of-range numbers: see `trexo.safe_json`)."""
+    data = await request.get_data(cache=True, as_text=False, parse_form_data=False)
+    try:
+        # Lone surrogates pass here: the request's validation refuses them, naming the field.
+        return safe_json.loads(data, allow_lone_surrogates=True)
+    except safe_json.InvalidJson as exc:
+        raise ApiError(
+            400,
+            f"We could not parse the JSON body of your request: {exc.detail}",
+            code="invalid_json",
+        ) from None
+
+
+async def admit_generation(
+    node: NodeHandle,
+    model_id: str,
+    generation: GenerationRequest,
+    requested_max_tokens: int | None,
+    config: ApiConfig,
+) -> GenerationRequest:
+    """`generation` with `max_tokens` settled against the model's context, or a 400
+    (`trexo.api.admission`). `requested_max_tokens`: what the client asked for, if anything."""
+    budget = await node.prompt_budget(model_id, generation)
+    if budget is None:
+        return generation  # counted by the runner, which has the tokenizer
+    admitted = admit(
+        generation,
+        budget,
+        requested_max_tokens=requested_max_tokens,
+        cap=config.max_context_tokens,
+    )
+    return attrs.evolve(generation, params=admitted.params)
