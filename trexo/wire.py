@@ -14,12 +14,14 @@ from typing import Any
 
 import cattrs
 import trio
+from cattrs.gen import make_dict_unstructure_fn
 from cattrs.strategies import configure_tagged_union
 
 from trexo import safe_json
 from trexo.config import MAX_FRAME_BYTES
 from trexo.errors import FrameTooLarge, MalformedMessage, TruncatedFrame
 from trexo.types import (
+    chunks,
     commands,
     election,
     events,
@@ -71,6 +73,13 @@ def register_union(union: Any, name: str) -> None:
 def _class_tag(cl: type) -> str:
     return cl.__name__
 
+
+# A chunk goes over the wire per token: what it leaves at its default (no tool calls, no
+# log probabilities, no stop sequence: nearly every chunk) is left out, not sent as nulls.
+converter.register_unstructure_hook(
+    chunks.Chunk,
+    make_dict_unstructure_fn(chunks.Chunk, converter, _cattrs_omit_if_default=True),
+)
 
 register_union(runner_status.RunnerStatus, "RunnerStatus")
 register_union(ipc.ToRunner, "ToRunner")

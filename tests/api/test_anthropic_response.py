@@ -94,6 +94,12 @@ def test_stop_reasons(finish: FinishReason, called: bool, expected: str) -> None
     assert stop_reason(finish, called=called) == expected
 
 
+def test_a_stop_sequence_is_named_when_it_ended_the_turn() -> None:
+    assert stop_reason("stop", called=False, stop_sequence="END") == "stop_sequence"
+    assert stop_reason("stop", called=True, stop_sequence="END") == "tool_use"
+    assert stop_reason("cancelled", called=False, stop_sequence=None) == "end_turn"
+
+
 def test_error_is_not_a_stop_reason() -> None:
     with pytest.raises(ValueError, match="error"):
         stop_reason("error", called=False)

@@ -97,6 +97,29 @@ async def test_streams_with_and_without_a_tool(node: SharedNode) -> None:
     the_call(called)
 
 
+async def test_a_stop_sequence_ends_the_turn_and_is_named(node: SharedNode) -> None:
+    with trio.fail_after(TIMEOUT_S):
+        reply = await client(node).messages.create(
+            model=MODEL, max_tokens=MAX_TOKENS, messages=ASK, stop_sequences=["tools"]
+        )
+    cut = SCRIPTED_PLAIN_ANSWER[: SCRIPTED_PLAIN_ANSWER.index("tools")]
+    assert (the_text(reply), reply.stop_reason, reply.stop_sequence) == (
+        cut,
+        "stop_sequence",
+        "tools",
+    )
+
+
+async def test_a_last_assistant_turn_is_continued(node: SharedNode) -> None:
+    begun = SCRIPTED_PLAIN_ANSWER[: SCRIPTED_PLAIN_ANSWER.index(" no")]
+    messages = [*ASK, {"role": "assistant", "content": begun}]
+    with trio.fail_after(TIMEOUT_S):
+        reply = await client(node).messages.create(
+            model=MODEL, max_tokens=MAX_TOKENS, messages=messages
+        )
+    assert begun + the_text(reply) == SCRIPTED_PLAIN_ANSWER
+
+
 async def test_a_bad_request_is_a_400_and_the_node_keeps_serving(node: SharedNode) -> None:
     c = client(node)
     bad_tool = {**WEATHER, "name": "no spaces allowed"}

@@ -171,3 +171,21 @@ def test_an_unusable_schema_is_refused(tools_engine: Engine) -> None:
     )
     with pytest.raises(ValueError, match="schema"):
         list(tools_engine.generate(bad, lambda: False))
+
+
+def test_the_final_chunk_names_the_stop_sequence_that_ended_it(tools_engine: Engine) -> None:
+    chunks = run(tools_engine, params=SamplingParams(stop=("zzz", "tools")))
+    assert text(chunks) == SCRIPTED_PLAIN_ANSWER[: SCRIPTED_PLAIN_ANSWER.index("tools")]
+    assert (chunks[-1].finish_reason, chunks[-1].stop_sequence) == ("stop", "tools")
+    assert run(tools_engine)[-1].stop_sequence is None  # the model ended its turn itself
+
+
+def test_a_last_assistant_turn_can_be_continued(tools_engine: Engine) -> None:
+    begun = SCRIPTED_PLAIN_ANSWER[: SCRIPTED_PLAIN_ANSWER.index(" no")]
+    prefill = ChatMessage("assistant", begun)
+    continued = run(tools_engine, ASK, prefill, continue_final=True)
+    assert text(continued) == SCRIPTED_PLAIN_ANSWER[len(begun) :]
+    # Not continued, the same messages end that turn and open a new one.
+    assert text(run(tools_engine, ASK, prefill)) == SCRIPTED_PLAIN_ANSWER
+    with pytest.raises(ValueError, match="assistant"):
+        GenerationRequest(RID, messages=(ASK,), continue_final=True)

@@ -89,6 +89,14 @@ def test_stop_that_ends_first_wins_over_one_that_starts_first() -> None:
     assert cut_at_stop("abcd", ["abcd", "bc"]) == ("a", True)
 
 
+def test_the_stop_that_matched_is_named() -> None:
+    matcher = StopMatcher(["abcd", "bc", "zz"])
+    first = matcher.feed("xa")
+    assert (first.text, first.matched) == ("x", None)  # "a" may begin "abcd"
+    result = matcher.feed("bcd")
+    assert (result.text, result.stopped, result.matched) == ("a", True, "bc")
+
+
 def test_no_stops_passes_text_through() -> None:
     matcher = StopMatcher(["", ""])
     assert matcher.feed("abc").text == "abc"

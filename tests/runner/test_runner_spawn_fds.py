@@ -10,7 +10,7 @@ import trio
 from fd_exhaustion import exhausted_fds
 
 from trexo.errors import RunnerError
-from trexo.types.runner_status import RunnerFailed, RunnerStatus
+from trexo.types.runner_status import RunnerFailed, RunnerReady, RunnerStatus
 from trexo.worker.runner_supervisor import RunnerSupervisor
 
 from .helpers import FAST_STOP, TEST_TIMEOUT_S
@@ -42,8 +42,10 @@ async def test_spawn_without_descriptors_is_a_runner_failure(tmp_path: Path, spa
         await supervisor.load(tmp_path / "model")
 
 
-async def test_a_runner_starts_once_descriptors_are_back(tmp_path: Path) -> None:
-    """The failure is not sticky: the next supervisor (the worker's retry) gets a runner."""
+async def test_a_runner_starts_once_descriptors_are_back(tmp_path: Path, tiny_model: Path) -> None:
+    """The failure is not sticky: the next supervisor (the worker's retry) gets a runner
+    that serves (it loads a model; a runner still importing at its stop would be stopped
+    by the ladder's SIGTERM, on a slow machine, not by its answer to `Shutdown`)."""
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             with exhausted_fds():
@@ -51,5 +53,7 @@ async def test_a_runner_starts_once_descriptors_are_back(tmp_path: Path) -> None
             supervisor = RunnerSupervisor("retried", config=FAST_STOP, log_dir=tmp_path)
             await nursery.start(supervisor.run)
             assert supervisor.pid is not None
+            await supervisor.load(tiny_model)
+            assert supervisor.status == RunnerReady()
             nursery.cancel_scope.cancel()
     assert supervisor.stop_step == "shutdown"

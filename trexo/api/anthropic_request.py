@@ -22,8 +22,9 @@ Choices where Anthropic's API and trexo differ:
   template has no other way to say so).
 - `output_config.format` (a JSON schema) constrains the output as OpenAI's
   `response_format` does.
-- A last assistant turn (Anthropic's "prefill") is not continued: like every dialect's
-  messages, it is rendered as a finished turn, and the answer is a new one.
+- A last assistant turn (Anthropic's "prefill") is continued: the model goes on writing it,
+  and the answer is what it adds (as Anthropic answers). One that ends in a `tool_use` is a
+  finished turn.
 """
 
 from __future__ import annotations
@@ -221,6 +222,7 @@ def _parse_prompt(
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
         response_format=_parse_output_config(fields.get("output_config")),
+        continue_final=messages[-1].role == "assistant" and not messages[-1].tool_calls,
     )
 
 

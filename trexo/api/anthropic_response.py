@@ -1,12 +1,10 @@
 """Build Anthropic Messages responses, streamed events and errors from trexo's. Pure: no I/O.
 
-Stop reasons: "length" is `max_tokens`; a turn that made tool calls is `tool_use`; otherwise
-`end_turn`. trexo's "stop" does not say whether the model ended its turn or a stop sequence
-cut it (the runner cuts the sequence out of the text and reports "stop" either way), so it
-is `end_turn`, with `stop_sequence` null: guessing from the text could name a sequence that
-never occurred. "cancelled" (`POST /v1/cancel/{id}`) is `end_turn` too: the text so far is a
-valid, shorter answer, and whoever cancelled knows. "error" is never a stop reason: it is an
-error response, or an `error` event mid-stream.
+Stop reasons: "length" is `max_tokens`; a turn that made tool calls is `tool_use`; a turn
+cut by one of the request's stop sequences is `stop_sequence`, naming it (the runner reports
+which one matched); otherwise `end_turn`. "cancelled" (`POST /v1/cancel/{id}`) is
+`end_turn` too: the text so far is a valid, shorter answer, and whoever cancelled knows.
+"error" is never a stop reason: it is an error response, or an `error` event mid-stream.
 
 Usage follows Anthropic's split of the prompt: `input_tokens` are the prompt tokens read
 now, `cache_read_input_tokens` those the runner's prompt cache held (trexo's
@@ -36,7 +34,7 @@ from trexo.api.outcome import outcome_of
 from trexo.types.chunks import Chunk, FinishReason, Usage
 from trexo.types.generation import ToolCall
 
-AnthropicStopReason = Literal["end_turn", "max_tokens", "tool_use"]
+AnthropicStopReason = Literal["end_turn", "max_tokens", "tool_use", "stop_sequence"]
 
 MESSAGE_TYPE = "message"
 ASSISTANT = "assistant"
@@ -55,15 +53,19 @@ OVERLOADED_ERROR = "overloaded_error"
 """Anthropic's word for a transient refusal to serve: retry shortly."""
 
 
-def stop_reason(finish: FinishReason, *, called: bool) -> AnthropicStopReason:
-    """Anthropic's stop reason for a trexo finish (`called`: the turn made tool calls);
-    `ValueError` for "error"."""
+def stop_reason(
+    finish: FinishReason, *, called: bool, stop_sequence: str | None = None
+) -> AnthropicStopReason:
+    """Anthropic's stop reason for a trexo finish (`called`: the turn made tool calls;
+    `stop_sequence`: the one that ended it); `ValueError` for "error"."""
     if finish == "error":
         raise ValueError("finish reason 'error' is an error, not a stop")
     if finish == "length":
         return "max_tokens"
     if called or finish == "tool_calls":
         return "tool_use"
+    if stop_sequence is not None and finish == "stop":
+        return "stop_sequence"
     return "end_turn"
 
 
@@ -109,8 +111,12 @@ def message_from_chunks(chunks: list[Chunk], *, message_id: str, model: str) -> 
         "role": ASSISTANT,
         "model": model,
         "content": content_blocks(chunks),
-        "stop_reason": stop_reason(outcome.finish_reason, called=bool(outcome.tool_calls)),
-        "stop_sequence": None,
+        "stop_reason": stop_reason(
+            outcome.finish_reason,
+            called=bool(outcome.tool_calls),
+            stop_sequence=outcome.stop_sequence,
+        ),
+        "stop_sequence": outcome.stop_sequence,
         "usage": usage_body(outcome.usage),
     }
 
@@ -200,8 +206,10 @@ class MessageEvents:
         out += self._close_text()
         usage = chunk.usage or Usage(self.input_tokens, self._output_tokens)
         delta = {
-            "stop_reason": stop_reason(chunk.finish_reason, called=self._called),
-            "stop_sequence": None,
+            "stop_reason": stop_reason(
+                chunk.finish_reason, called=self._called, stop_sequence=chunk.stop_sequence
+            ),
+            "stop_sequence": chunk.stop_sequence,
         }
         out.append({"type": "message_delta", "delta": delta, "usage": usage_body(usage)})
         out.append({"type": "message_stop"})

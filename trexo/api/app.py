@@ -28,7 +28,7 @@ from trexo.api.errors import ApiError, find_api_error, internal_error
 from trexo.api.exchange import ExchangeHTTPConnection
 from trexo.api.handle import ModelListing, NodeHandle
 from trexo.api.instance_request import parse_place_instance
-from trexo.api.streaming import OPENAI_SSE, StreamSettings, collect, open_stream
+from trexo.api.streaming import OPENAI_SSE, StreamSettings
 from trexo.api.text_completion import (
     CompletionEvents,
     parse_completion_request,
@@ -38,10 +38,10 @@ from trexo.api.validation import invalid_value, missing
 from trexo.api.views import (
     ErrorShape,
     admit_generation,
+    answer,
     error_body_for,
     json_response,
     read_json,
-    stream_response,
 )
 from trexo.config import ApiConfig
 from trexo.errors import ModelNotFound
@@ -105,52 +105,53 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
         chat = parse_chat_request(await read_json())
-        generation = await admit_generation(
+        admitted = await admit_generation(
             node, chat.model_id, chat.generation, chat.requested_max_tokens, config
         )
         now = int(time.time())
-        logprobs = generation.logprobs is not None
-        if chat.stream:
-            encoder = ChunkEncoder(
-                request_id=chat.request_id,
-                model=chat.model_id,
-                created=now,
-                include_usage=chat.include_usage,
-                logprobs=logprobs,
-            )
-            body = await open_stream(node, chat.model_id, generation, encoder, OPENAI_SSE, settings)
-            return stream_response(body, OPENAI_SSE)
-        chunks = await collect(node, chat.model_id, generation)
-        return json_response(
-            completion_from_chunks(
+        logprobs = chat.generation.logprobs is not None
+        encoder = ChunkEncoder(
+            request_id=chat.request_id,
+            model=chat.model_id,
+            created=now,
+            include_usage=chat.include_usage,
+            logprobs=logprobs,
+        )
+        return await answer(
+            node,
+            chat.model_id,
+            admitted.generation,
+            settings,
+            stream=(encoder, OPENAI_SSE) if chat.stream else None,
+            whole=lambda chunks: completion_from_chunks(
                 chunks,
                 request_id=chat.request_id,
                 model=chat.model_id,
                 created=now,
                 logprobs=logprobs,
-            )
+            ),
         )
 
     @app.post("/v1/completions")
     async def text_completions() -> Response:
         completion = parse_completion_request(await read_json())
-        generation = await admit_generation(
+        admitted = await admit_generation(
             node,
             completion.model_id,
             completion.generation,
             completion.requested_max_tokens,
             config,
         )
-        completion = attrs.evolve(completion, generation=generation)
+        completion = attrs.evolve(completion, generation=admitted.generation)
         now = int(time.time())
-        if completion.stream:
-            events = CompletionEvents(completion, now)
-            body = await open_stream(
-                node, completion.model_id, generation, events, OPENAI_SSE, settings
-            )
-            return stream_response(body, OPENAI_SSE)
-        chunks = await collect(node, completion.model_id, generation)
-        return json_response(text_completion_body(chunks, request=completion, created=now))
+        return await answer(
+            node,
+            completion.model_id,
+            completion.generation,
+            settings,
+            stream=(CompletionEvents(completion, now), OPENAI_SSE) if completion.stream else None,
+            whole=lambda chunks: text_completion_body(chunks, request=completion, created=now),
+        )
 
     @app.get("/v1/models")
     async def list_models() -> Response:

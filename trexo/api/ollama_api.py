@@ -10,6 +10,7 @@ clients find these endpoints on the API port, or on a second listener at Ollama'
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from quart import Blueprint, Response
 
@@ -39,15 +40,10 @@ from trexo.api.ollama_response import (
     utc_now,
 )
 from trexo.api.outcome import outcome_of
-from trexo.api.streaming import NDJSON, StreamSettings, collect, open_stream
-from trexo.api.views import (
-    ErrorShape,
-    admit_generation,
-    json_response,
-    read_json,
-    stream_response,
-)
+from trexo.api.streaming import NDJSON, StreamSettings
+from trexo.api.views import ErrorShape, admit_generation, answer, json_response, read_json
 from trexo.config import ApiConfig
+from trexo.types.chunks import Chunk
 
 OLLAMA_PATH_PREFIX = "/api/"
 OLLAMA_VERSION = __version__
@@ -57,43 +53,47 @@ OLLAMA_VERSION = __version__
 def ollama_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSettings) -> Blueprint:
     blueprint = Blueprint("ollama", __name__)
 
-    async def answer(endpoint: Endpoint, request: OllamaRequest, started_ns: int) -> Response:
+    async def respond(endpoint: Endpoint, request: OllamaRequest, started_ns: int) -> Response:
         model_id = _model_id(node, request.model)
         if request.generation is None:
             _require_ready(model_id, node.models())
             return json_response(
                 load_body(endpoint, model=request.model, created_at=timestamp(utc_now()))
             )
-        generation = await admit_generation(
+        admitted = await admit_generation(
             node, model_id, request.generation, request.requested_max_tokens, config
         )
-        logprobs = generation.logprobs is not None
-        if request.stream:
-            encoder = LineEncoder(endpoint, request.model, started_ns, logprobs=logprobs)
-            body = await open_stream(node, model_id, generation, encoder, NDJSON, settings)
-            return stream_response(body, NDJSON)
-        chunks = await collect(node, model_id, generation)
-        timings = Timings(started_ns, None, time.monotonic_ns())
-        return json_response(
-            answer_body(
+        logprobs = request.generation.logprobs is not None
+
+        def whole(chunks: list[Chunk]) -> dict[str, Any]:
+            return answer_body(
                 endpoint,
                 outcome_of(chunks),
                 model=request.model,
                 created_at=timestamp(utc_now()),
-                timings=timings,
+                timings=Timings(started_ns, None, time.monotonic_ns()),
                 logprobs=logprobs,
             )
+
+        encoder = LineEncoder(endpoint, request.model, started_ns, logprobs=logprobs)
+        return await answer(
+            node,
+            model_id,
+            admitted.generation,
+            settings,
+            stream=(encoder, NDJSON) if request.stream else None,
+            whole=whole,
         )
 
     @blueprint.post("/api/chat")
     async def chat() -> Response:
         started_ns = time.monotonic_ns()
-        return await answer("chat", parse_chat(await read_json()), started_ns)
+        return await respond("chat", parse_chat(await read_json()), started_ns)
 
     @blueprint.post("/api/generate")
     async def generate() -> Response:
         started_ns = time.monotonic_ns()
-        return await answer("generate", parse_generate(await read_json()), started_ns)
+        return await respond("generate", parse_generate(await read_json()), started_ns)
 
     @blueprint.get("/api/tags")
     async def tags() -> Response:

@@ -18,6 +18,7 @@ class Outcome:
     usage: Usage
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    stop_sequence: str | None = None
 
 
 def usage_of(chunks: Iterable[Chunk]) -> Usage:
@@ -40,4 +41,5 @@ def outcome_of(chunks: Iterable[Chunk]) -> Outcome:
         usage=usage_of(chunks),
         tool_calls=tuple(call for chunk in chunks for call in chunk.tool_calls),
         logprobs=tuple(entry for chunk in chunks for entry in chunk.logprobs),
+        stop_sequence=chunks[-1].stop_sequence,
     )

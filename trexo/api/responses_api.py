@@ -15,8 +15,8 @@ from trexo.api.dialects import Dialect
 from trexo.api.handle import NodeHandle
 from trexo.api.responses_request import not_stored, parse_responses_request
 from trexo.api.responses_response import ResponseEvents, response_from_chunks
-from trexo.api.streaming import NAMED_SSE, StreamSettings, collect, open_stream
-from trexo.api.views import admit_generation, json_response, read_json, stream_response
+from trexo.api.streaming import NAMED_SSE, StreamSettings
+from trexo.api.views import admit_generation, answer, read_json
 from trexo.config import ApiConfig
 
 RESPONSES_PATH = "/v1/responses"
@@ -28,16 +28,18 @@ def responses_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSet
     @blueprint.post(RESPONSES_PATH)
     async def create_response() -> Response:
         parsed = parse_responses_request(await read_json())
-        generation = await admit_generation(
+        admitted = await admit_generation(
             node, parsed.model_id, parsed.generation, parsed.requested_max_tokens, config
         )
         created_at = int(time.time())
-        if parsed.stream:
-            events = ResponseEvents(parsed, created_at)
-            body = await open_stream(node, parsed.model_id, generation, events, NAMED_SSE, settings)
-            return stream_response(body, NAMED_SSE)
-        chunks = await collect(node, parsed.model_id, generation)
-        return json_response(response_from_chunks(chunks, parsed, created_at))
+        return await answer(
+            node,
+            parsed.model_id,
+            admitted.generation,
+            settings,
+            stream=(ResponseEvents(parsed, created_at), NAMED_SSE) if parsed.stream else None,
+            whole=lambda chunks: response_from_chunks(chunks, parsed, created_at),
+        )
 
     @blueprint.route(f"{RESPONSES_PATH}/<response_id>", methods=["GET", "DELETE"])
     async def stored_response(response_id: str) -> Response:

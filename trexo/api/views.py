@@ -14,8 +14,9 @@ from trexo.api.admission import admit
 from trexo.api.errors import ApiError
 from trexo.api.handle import NodeHandle
 from trexo.api.sse import SSE_HEADERS, dumps
-from trexo.api.streaming import Framing
+from trexo.api.streaming import ChunkEvents, Framing, StreamSettings, collect, open_stream
 from trexo.config import ApiConfig
+from trexo.types.chunks import Chunk
 from trexo.types.generation import GenerationRequest
 
 JSON_CONTENT_TYPE = "application/json"
@@ -68,22 +69,48 @@ async def read_json() -> Any:
         ) from None
 
 
+@attrs.frozen
+class Admitted:
+    generation: GenerationRequest
+    """With `max_tokens` settled against the model's context."""
+    prompt_tokens: int | None
+    """As counted on this node; None: this node has no tokenizer for it (its runner checks)."""
+
+
 async def admit_generation(
     node: NodeHandle,
     model_id: str,
     generation: GenerationRequest,
     requested_max_tokens: int | None,
     config: ApiConfig,
-) -> GenerationRequest:
-    """`generation` with `max_tokens` settled against the model's context, or a 400
-    (`trexo.api.admission`). `requested_max_tokens`: what the client asked for, if anything."""
+) -> Admitted:
+    """`generation` admitted against its model's context, or a 400 (`trexo.api.admission`).
+    `requested_max_tokens`: what the client asked for, if anything."""
     budget = await node.prompt_budget(model_id, generation)
     if budget is None:
-        return generation  # counted by the runner, which has the tokenizer
+        return Admitted(generation, None)
     admitted = admit(
         generation,
         budget,
         requested_max_tokens=requested_max_tokens,
         cap=config.max_context_tokens,
     )
-    return attrs.evolve(generation, params=admitted.params)
+    return Admitted(attrs.evolve(generation, params=admitted.params), budget.prompt_tokens)
+
+
+async def answer(
+    node: NodeHandle,
+    model_id: str,
+    generation: GenerationRequest,
+    settings: StreamSettings,
+    *,
+    stream: tuple[ChunkEvents, Framing] | None,
+    whole: Callable[[list[Chunk]], Any],
+) -> Response:
+    """The response to a generation: streamed as `stream`'s events in its framing, or, once
+    it has finished, the JSON body `whole` makes of its chunks."""
+    if stream is not None:
+        events, framing = stream
+        body = await open_stream(node, model_id, generation, events, framing, settings)
+        return stream_response(body, framing)
+    return json_response(whole(await collect(node, model_id, generation)))

@@ -163,11 +163,21 @@ class BatchEngine:
             request.request_id,
             len(prompt),
             cached,
-            self._tokenizer.detokenizer,
+            self._detokenizer(request, prompt),
             output_reader(self._tokenizer, request),
             request.logprobs,
         )
         self._uids[request.request_id] = uid
+
+    def _detokenizer(self, request: GenerationRequest, prompt: list[int]) -> Any:
+        """A fresh streaming detokenizer. mlx-lm's drops the leading space of an answer's
+        first token; a continued turn's next word needs it, so that detokenizer is primed
+        with the prompt's last token, whose text is then discarded."""
+        detokenizer = self._tokenizer.detokenizer
+        if request.continue_final:
+            detokenizer.add_token(prompt[-1])
+            _ = detokenizer.last_segment
+        return detokenizer
 
     def _processors(self, request: GenerationRequest) -> list[Any]:
         """The request's logits processors; a response format's constraint last, so that
@@ -284,6 +294,7 @@ class BatchEngine:
             before.text + released.text + rest.text,
             before.tool_calls + released.tool_calls + rest.tool_calls,
             stopped=released.stopped or rest.stopped,
+            stop_sequence=released.stop_sequence or rest.stop_sequence,
         )
 
     @staticmethod
@@ -309,4 +320,5 @@ class BatchEngine:
             usage=usage,
             tool_calls=released.tool_calls,
             logprobs=logprobs,
+            stop_sequence=released.stop_sequence,
         )

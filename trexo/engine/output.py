@@ -41,6 +41,8 @@ class Released:
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     stopped: bool = False
+    stop_sequence: str | None = None
+    """The stop sequence that ended the output, when one did."""
 
 
 @attrs.frozen
@@ -137,6 +139,10 @@ class ToolCallReader:
         )
 
 
+NOTHING_MORE = Released(stopped=True)
+"""What the end releases after a stop sequence ended the output (it said which)."""
+
+
 def _as_list(parsed: Any) -> list[Any]:
     return parsed if isinstance(parsed, list) else [parsed]
 
@@ -158,13 +164,13 @@ class OutputReader:
     def feed(self, piece: str) -> Released:
         if self._tools is None:
             result = self._stops.feed(piece)
-            return Released(result.text, stopped=result.stopped)
+            return Released(result.text, stopped=result.stopped, stop_sequence=result.matched)
         return self._release(self._tools.feed(piece))
 
     def finish(self) -> Released:
         """The output ended (EOS, `max_tokens`, a cancel): everything still held back."""
         if self._stops.stopped:
-            return Released(stopped=True)
+            return NOTHING_MORE
         if self._tools is None:
             return Released(self._stops.flush())
         released = self._release(self._tools.finish())
@@ -183,7 +189,7 @@ class OutputReader:
             result = self._stops.feed(part)
             texts.append(result.text)
             if result.stopped:
-                return Released("".join(texts), tuple(calls), stopped=True)
+                return Released("".join(texts), tuple(calls), True, result.matched)
         return Released("".join(texts), tuple(calls))
 
 

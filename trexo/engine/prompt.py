@@ -58,7 +58,12 @@ def encode_prompt(tokenizer: Any, request: GenerationRequest) -> list[int]:
     `tokenizer` is mlx-lm's `TokenizerWrapper` (or a Hugging Face tokenizer).
     """
     if request.messages is not None:
-        ids = encode_chat(tokenizer, request.messages, template_tools(request))
+        ids = encode_chat(
+            tokenizer,
+            request.messages,
+            template_tools(request),
+            continue_final=request.continue_final,
+        )
         if forced_tool_call(tokenizer, request):
             ids += _encode(tokenizer, tokenizer.tool_call_start, split_special=False)
         return ids
@@ -86,6 +91,7 @@ def forced_tool_call(tokenizer: Any, request: GenerationRequest) -> bool:
     tokenizer knows how its model starts one."""
     return (
         request.parses_tool_calls
+        and not request.continue_final  # the model is mid-turn: it may call, or go on
         and request.tool_choice.mode in ("required", "function")
         and bool(getattr(tokenizer, "has_tool_calling", False))
     )
@@ -102,20 +108,25 @@ def encode_chat(
     tokenizer: Any,
     messages: Sequence[ChatMessage],
     tools: list[dict[str, Any]] | None = None,
+    *,
+    continue_final: bool = False,
 ) -> list[int]:
-    """The chat template applied to `messages`; control strings in content stay text."""
+    """The chat template applied to `messages`; control strings in content stay text.
+
+    `continue_final`: the last (assistant) message is left open for the model to go on,
+    as Hugging Face's `continue_final_message` does, instead of a new turn being opened."""
     specials = special_token_texts(tokenizer)
-    extra = {"tools": tools} if tools else {}
+    extra: dict[str, Any] = {"tools": tools} if tools else {}
+    if continue_final:
+        extra.update(add_generation_prompt=False, continue_final_message=True)
+    else:
+        extra.update(add_generation_prompt=True)
     if not any(special in m.content for m in messages for special in specials):
-        return list(
-            tokenizer.apply_chat_template(_as_dicts(messages), add_generation_prompt=True, **extra)
-        )
+        return list(tokenizer.apply_chat_template(_as_dicts(messages), **extra))
     # Placeholders: a random marker nothing else in the rendered text can contain.
     marker = f"trexo{secrets.token_hex(8)}"
     holders = [f"{marker}{i}{marker}" for i in range(len(messages))]
-    rendered = tokenizer.apply_chat_template(
-        _as_dicts(messages, holders), add_generation_prompt=True, tokenize=False, **extra
-    )
+    rendered = tokenizer.apply_chat_template(_as_dicts(messages, holders), tokenize=False, **extra)
     ids: list[int] = []
     rest = rendered
     for holder, message in zip(holders, messages, strict=True):

@@ -24,6 +24,8 @@ class StopResult:
 
     text: str
     stopped: bool = False
+    matched: str | None = None
+    """The stop string that ended the output (when `stopped`)."""
 
 
 def _held_suffix_len(text: str, stops: tuple[str, ...]) -> int:
@@ -37,18 +39,18 @@ def _held_suffix_len(text: str, stops: tuple[str, ...]) -> int:
     return longest
 
 
-def _earliest_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    """Start of the stop occurrence that *ends* first in `text` (longest on ties), or None."""
-    best_end: int | None = None
-    best_start = 0
+def _earliest_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """The stop occurrence that *ends* first in `text` (longest on ties): (start, stop)."""
+    best: tuple[int, str] | None = None
+    best_end = 0
     for stop in stops:
         start = text.find(stop)
         if start < 0:
             continue
         end = start + len(stop)
-        if best_end is None or end < best_end or (end == best_end and start < best_start):
-            best_end, best_start = end, start
-    return None if best_end is None else best_start
+        if best is None or end < best_end or (end == best_end and start < best[0]):
+            best, best_end = (start, stop), end
+    return best
 
 
 class StopMatcher:
@@ -79,11 +81,12 @@ class StopMatcher:
         if not self._stops:
             return StopResult(piece)
         text = self._held + piece
-        cut = _earliest_stop(text, self._stops)
-        if cut is not None:
+        found = _earliest_stop(text, self._stops)
+        if found is not None:
+            cut, stop = found
             self._held = ""
             self._stopped = True
-            return StopResult(text[:cut], stopped=True)
+            return StopResult(text[:cut], stopped=True, matched=stop)
         held = _held_suffix_len(text, self._stops)
         self._held = text[len(text) - held :]
         return StopResult(text[: len(text) - held])

@@ -58,3 +58,5 @@ class Chunk:
     usage: Usage | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    stop_sequence: str | None = None
+    """On a final chunk: the request's stop sequence that ended the output, if one did."""

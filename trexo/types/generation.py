@@ -114,10 +114,15 @@ class GenerationRequest:
     logprobs: int | None = None
     """None: no log probabilities; n >= 0: each token's, with its `n` most likely rivals."""
     response_format: ResponseFormat | None = None
+    continue_final: bool = False
+    """The last message is an assistant turn the model goes on writing (Anthropic's
+    "prefill"), not a finished one; the answer is what it adds."""
 
     def __attrs_post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("a generation request needs exactly one of messages or prompt")
+        if self.continue_final and not (self.messages and self.messages[-1].role == "assistant"):
+            raise ValueError("only a last assistant message can be continued")
         if self.tools and self.messages is None:
             raise ValueError("tools need a chat (messages), not a raw prompt")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
