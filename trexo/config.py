@@ -200,6 +200,8 @@ FINISHED_TASKS_REMEMBERED = 10_000
 again and the task is never run twice."""
 NODE_REPORT_INTERVAL_S = 5.0
 """How often a worker re-reports its node's memory figures."""
+NODE_REREPORT_DELAY_S = 0.25
+"""How soon a worker reports its node again while the session's state does not list it."""
 STREAM_SEND_TIMEOUT_S = 10.0
 """Bound on handing one chunk to the requesting node; past it the generation is cancelled."""
 MEMORY_REPORT_THRESHOLD_BYTES = 256 * 1024 * 1024

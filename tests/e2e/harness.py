@@ -69,11 +69,14 @@ async def run_trexo(
     *args: str,
     env: dict[str, str] | None = None,
     entry: Sequence[str] = ("-m", "trexo"),
+    wrapper: Sequence[str] = (),
+    isolation: Sequence[str] = ISOLATED,
 ) -> AsyncIterator[TrexoProcess]:
     """Start `trexo run ARGS` (isolated on loopback), wait for its ready line, stop it after.
 
     `entry` is what python runs: `-m trexo`, or a test's launcher script taking the same
-    arguments.
+    arguments. `wrapper` runs it (`ip netns exec NS`: it execs, so the pid stays trexo's);
+    `isolation` replaces the loopback-only arguments (a lab host has its own network).
 
     Output goes to files, not pipes, so nothing has to keep reading while the test runs
     (and no nursery has to outlive this block: clusters start and stop nodes in any order).
@@ -81,7 +84,16 @@ async def run_trexo(
     data_dir.mkdir(parents=True, exist_ok=True)
     stdout_path = data_dir / "stdout.log"
     stdout_path.write_text("")
-    command = [sys.executable, *entry, "run", "--data-dir", str(data_dir), *ISOLATED, *args]
+    command = [
+        *wrapper,
+        sys.executable,
+        *entry,
+        "run",
+        "--data-dir",
+        str(data_dir),
+        *isolation,
+        *args,
+    ]
     with (data_dir / "node.log").open("ab") as log_file, stdout_path.open("ab") as stdout:
         process = await trio.lowlevel.open_process(
             command, stdout=stdout, stderr=log_file, env={**os.environ, **(env or {})}

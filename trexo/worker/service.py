@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 import psutil
 import trio
 
-from trexo.config import NODE_REPORT_INTERVAL_S
+from trexo.config import NODE_REPORT_INTERVAL_S, NODE_REREPORT_DELAY_S
 from trexo.hub.downloads import Downloads
 from trexo.net.router import PeerUnreachable, Router
 from trexo.net.topics import Topic
@@ -178,10 +178,13 @@ class Worker:
             log.debug("master unreachable; dropped %s", type(event).__name__)
 
     async def _report_node_periodically(self) -> None:
-        """Report this node's memory and its runners' statuses, again every interval.
+        """Report this node's memory and its runners' statuses, again every interval, and
+        again soon while the session's state does not list this node.
 
         Repeats cost nothing (the master emits events only for changes) and repair a report
-        lost in transit, e.g. on a link that was replaced while two nodes first met.
+        lost in transit, e.g. on a link that was replaced while two nodes first met, or one
+        that reached the new master of a merge before its generation listened (the state it
+        carried over had dropped this node while the two sides were apart).
         """
         while True:
             try:
@@ -198,4 +201,16 @@ class Worker:
                 self._report(NodeReport(info))
             for fact in self._facts_now():
                 self._report(fact)
-            await trio.sleep(self._node_report_interval)
+            await self._wait_next_node_report()
+
+    async def _wait_next_node_report(self) -> None:
+        """Until the next report is due: the interval, or a short pause while the opened
+        state lacks this node (its last report was lost)."""
+        with trio.move_on_after(self._node_report_interval):
+            seen = self._view.state.last_index
+            while True:
+                state = self._view.state
+                if state.opened and self.node_id not in state.nodes:
+                    await trio.sleep(NODE_REREPORT_DELAY_S)
+                    return
+                seen = (await self._view.wait_state_change(seen)).last_index

@@ -1,0 +1,135 @@
+"""A lab of hosts: Linux network namespaces joined by a bridge, each its own network stack
+and address, with nothing connected to a real interface.
+
+`lab(n)` creates, under names unique to this run, a bridge namespace, `n` host namespaces
+(each with a veth into the bridge, an address in a private /24 the lab picks, loopback up
+and a multicast route on its veth), and a veth from this (the test's) namespace into the
+bridge, so the test reaches the hosts' APIs. Everything it created is deleted on exit,
+whatever happened; a host's link can be cut and healed (`ip link set DEV down/up`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import attrs
+
+IP = "ip"
+IP_TIMEOUT_S = 10.0
+LAB_NET_FIRST_OCTETS = (10, 213)
+"""The lab's /24s are 10.213.X.0/24 (X random per lab): private, and never routed here."""
+TEST_SIDE_HOST = 254
+"""The test's own address in the lab: .254."""
+MULTICAST_ROUTE = "224.0.0.0/4"
+HOST_DEV = "eth0"
+BRIDGE_DEV = "br0"
+
+
+class LabUnavailable(Exception):
+    """This machine cannot build a lab (not root, no `ip`, no namespaces)."""
+
+
+@attrs.frozen
+class Host:
+    namespace: str
+    address: str
+    index: int
+
+
+@attrs.frozen
+class Lab:
+    prefix: str
+    subnet: str
+    """e.g. `10.213.57`: host i is `.{i+1}`, the test `.254`."""
+    bridge_namespace: str
+    hosts: tuple[Host, ...]
+
+    def cut(self, host: Host) -> None:
+        """Pull the host's cable: its link goes down (both directions go silent)."""
+        _ip("-n", host.namespace, "link", "set", HOST_DEV, "down")
+
+    def heal(self, host: Host) -> None:
+        """Plug it back in (its multicast route went with the link: it is put back)."""
+        _ip("-n", host.namespace, "link", "set", HOST_DEV, "up")
+        _ip("-n", host.namespace, "route", "replace", MULTICAST_ROUTE, "dev", HOST_DEV)
+
+    def exec_prefix(self, host: Host) -> list[str]:
+        """The command prefix that runs a program on `host`."""
+        return [IP, "netns", "exec", host.namespace]
+
+
+def available() -> str | None:
+    """Why a lab cannot be built here, or None if it can."""
+    if shutil.which(IP) is None:
+        return "the `ip` command (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    probe = f"txprobe{os.getpid()}"
+    try:
+        _ip("netns", "add", probe)
+    except LabUnavailable as exc:
+        return f"cannot create a network namespace: {exc}"
+    _ip("netns", "del", probe)
+    return None
+
+
+@contextmanager
+def lab(n: int) -> Iterator[Lab]:
+    """`n` hosts on one bridge; all of it removed on exit."""
+    tag = f"{os.getpid() % 10000}{random.randrange(1000):03d}"
+    prefix = f"tx{tag}"
+    subnet = f"{LAB_NET_FIRST_OCTETS[0]}.{LAB_NET_FIRST_OCTETS[1]}.{random.randrange(1, 250)}"
+    bridge_ns = f"{prefix}br"
+    made: list[str] = []
+    test_dev = f"{prefix}t"
+    try:
+        _ip("netns", "add", bridge_ns)
+        made.append(bridge_ns)
+        _ip("-n", bridge_ns, "link", "add", BRIDGE_DEV, "type", "bridge")
+        _ip("-n", bridge_ns, "link", "set", BRIDGE_DEV, "up")
+        hosts = []
+        for i in range(n):
+            host = Host(f"{prefix}h{i}", f"{subnet}.{i + 1}", i)
+            _ip("netns", "add", host.namespace)
+            made.append(host.namespace)
+            _plug(host.namespace, HOST_DEV, f"{prefix}v{i}", bridge_ns, f"{host.address}/24")
+            _ip("-n", host.namespace, "link", "set", "lo", "up")
+            _ip("-n", host.namespace, "route", "add", MULTICAST_ROUTE, "dev", HOST_DEV)
+            hosts.append(host)
+        # The test's own side: a veth from this namespace into the bridge.
+        _ip("link", "add", test_dev, "type", "veth", "peer", "name", f"{prefix}tb")
+        _ip("link", "set", f"{prefix}tb", "netns", bridge_ns)
+        _ip("-n", bridge_ns, "link", "set", f"{prefix}tb", "master", BRIDGE_DEV, "up")
+        _ip("addr", "add", f"{subnet}.{TEST_SIDE_HOST}/24", "dev", test_dev)
+        _ip("link", "set", test_dev, "up")
+        yield Lab(prefix, subnet, bridge_ns, tuple(hosts))
+    finally:
+        with suppress(LabUnavailable):
+            _ip("link", "del", test_dev)
+        for namespace in reversed(made):
+            with suppress(LabUnavailable):
+                _ip("netns", "del", namespace)  # its veth ends go with it
+
+
+def _plug(namespace: str, dev: str, bridge_side: str, bridge_ns: str, cidr: str) -> None:
+    """A veth pair: `dev` with `cidr` in `namespace`, `bridge_side` on the bridge."""
+    _ip("-n", namespace, "link", "add", dev, "type", "veth", "peer", "name", bridge_side)
+    _ip("-n", namespace, "link", "set", bridge_side, "netns", bridge_ns)
+    _ip("-n", bridge_ns, "link", "set", bridge_side, "master", BRIDGE_DEV, "up")
+    _ip("-n", namespace, "addr", "add", cidr, "dev", dev)
+    _ip("-n", namespace, "link", "set", dev, "up")
+
+
+def _ip(*args: str) -> None:
+    try:
+        subprocess.run(
+            [IP, *args], check=True, capture_output=True, text=True, timeout=IP_TIMEOUT_S
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", None) or str(exc)
+        raise LabUnavailable(f"ip {' '.join(args)}: {detail.strip()}") from None
