@@ -53,7 +53,6 @@ from trexo.wire import converter
 
 logger = logging.getLogger(__name__)
 
-JSON_CONTENT_TYPE = "application/json"
 OWNED_BY = "trexo"
 
 

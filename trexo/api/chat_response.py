@@ -18,7 +18,7 @@ from typing import Any, Literal
 import attrs
 
 from trexo.api.errors import ApiError
-from trexo.api.outcome import Outcome, outcome_of, usage_of
+from trexo.api.outcome import Outcome, outcome_of
 from trexo.types.chunks import Chunk, FinishReason, TokenLogprob, TopLogprob, Usage
 from trexo.types.generation import ToolCall
 from trexo.types.ids import RequestId
@@ -34,8 +34,6 @@ _FINISH_REASONS: dict[FinishReason, OpenAIFinishReason] = {
     "tool_calls": "tool_calls",
     "cancelled": "stop",
 }
-
-__all__ = ["ChunkEncoder", "completion_body", "openai_finish_reason", "usage_body", "usage_of"]
 
 
 def openai_finish_reason(reason: FinishReason) -> OpenAIFinishReason:
@@ -70,14 +68,14 @@ def tool_call_body(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return body
 
 
-def _top_body(entry: TopLogprob) -> dict[str, Any]:
+def _top_body(entry: TopLogprob | TokenLogprob) -> dict[str, Any]:
     return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.bytes)}
 
 
 def logprobs_body(entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
     """OpenAI's `logprobs` of a choice: one `content` entry per token."""
     content = [
-        {**_top_body(entry), "top_logprobs": [_top_body(top) for top in entry.top]}  # type: ignore[arg-type]
+        {**_top_body(entry), "top_logprobs": [_top_body(top) for top in entry.top]}
         for entry in entries
     ]
     return {"content": content, "refusal": None}
