@@ -35,7 +35,14 @@ class TrexoProcess:
 
     def runner_pids(self) -> list[int]:
         """The node's runner processes (not its download process, which waits for work)."""
-        return [p.pid for p in self._children() if RUNNER_MODULE in p.cmdline()]
+        pids = []
+        for child in self._children():
+            try:  # a child may become a zombie between the listing and this look
+                if RUNNER_MODULE in child.cmdline():
+                    pids.append(child.pid)
+            except psutil.NoSuchProcess:
+                continue
+        return pids
 
     def child_pids(self) -> list[int]:
         """Every process the node started: runners and its download process."""
