@@ -1,7 +1,7 @@
 """Re-election benchmark: how long a cluster is without a master after losing it.
 
-For N node processes on loopback (static peers, no model), K times: SIGKILL (or SIGSTOP) the
-master and record, from the nodes' trace files (`TREXO_TRACE_FILE`) and a probe:
+For N node processes (no model), K times: SIGKILL (or SIGSTOP) the master and record, from
+the nodes' trace files (`TREXO_TRACE_FILE`) and a probe:
 
 - detection:   the first survivor sees the master's link drop;
 - decision:    every survivor has decided the new session;
@@ -10,7 +10,11 @@ master and record, from the nodes' trace files (`TREXO_TRACE_FILE`) and a probe:
                404 by the new master; 503 while there is none).
 
 The killed node is restarted (same data dir) before the next trial, so every trial starts
-from a healthy cluster of N. Run: `nox -s bench-election` (or `python bench/bench_election.py`).
+from a healthy cluster of N. Each configuration runs on two networks: `loopback` (every node
+on 127.0.0.1 of one network stack, static peers) and `lab` (every node on a host of its own:
+a network namespace with its own address, finding the others by multicast; see
+`tests/lab/netns.py`; root only, else skipped). Run: `nox -s bench-election` (or
+`python bench/bench_election.py --networks loopback`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import signal
 import sys
 import tempfile
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.stats import RESULTS_DIR, summarize, write_results
 from tests.e2e.cluster import Cluster, ClusterNode, open_cluster
+from tests.lab.netns import Lab, available, lab
 
 PROBE_TIMEOUT_S = 0.5
 PROBE_INTERVAL_S = 0.002
 TRIAL_TIMEOUT_S = 30.0
 PHASES = ("detection", "decision", "swap", "api_ready")
+NETWORKS = ("loopback", "lab")
 EXO_POLICY = "0.2 s debounce + 3.0 s campaign after any link event: >= 3.2 s per re-election"
 
 
@@ -113,20 +120,33 @@ async def trial(
     return result
 
 
-async def run_cluster(size: int, trials: int, sig: int, root: Path) -> dict[str, Any]:
-    trace_file = root / f"trace-{size}-{sig}.jsonl"
+def network(name: str, size: int) -> AbstractContextManager[Lab | None]:
+    """`size` hosts of a lab, or None: loopback."""
+    return lab(size) if name == "lab" else nullcontext()
+
+
+async def run_cluster(size: int, trials: int, sig: int, root: Path, where: str) -> dict[str, Any]:
+    label = f"{size}-{sig}-{where}"
+    trace_file = root / f"trace-{label}.jsonl"
     env = {"TREXO_TRACE_FILE": str(trace_file)}
     samples: dict[str, list[float]] = {phase: [] for phase in PHASES}
-    async with open_cluster(root / f"cluster-{size}-{sig}") as cluster, httpx.AsyncClient() as http:
-        for _ in range(size):
-            await cluster.add("--no-model", "-q", env=env)
-        await cluster.wait_converged(expect_nodes=size, timeout=TRIAL_TIMEOUT_S)
-        for i in range(trials):
-            result = await trial(cluster, trace_file, sig, http)
-            for phase, value in result.items():
-                samples[phase].append(value)
-            shown = ", ".join(f"{p} {result[p] * 1e3:.1f} ms" for p in PHASES if p in result)
-            print(f"N={size} {signal.Signals(sig).name} trial {i + 1}: {shown}", flush=True)
+    with network(where, size) as the_lab:
+        async with (
+            open_cluster(root / f"cluster-{label}", the_lab) as cluster,
+            httpx.AsyncClient() as http,
+        ):
+            for _ in range(size):
+                await cluster.add("--no-model", "-q", env=env)
+            await cluster.wait_converged(expect_nodes=size, timeout=TRIAL_TIMEOUT_S)
+            for i in range(trials):
+                result = await trial(cluster, trace_file, sig, http)
+                for phase, value in result.items():
+                    samples[phase].append(value)
+                shown = ", ".join(f"{p} {result[p] * 1e3:.1f} ms" for p in PHASES if p in result)
+                print(
+                    f"N={size} {signal.Signals(sig).name} {where} trial {i + 1}: {shown}",
+                    flush=True,
+                )
     return {phase: summarize(values) for phase, values in samples.items() if values}
 
 
@@ -140,7 +160,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         print("matplotlib not installed: no plot (pip install -e '.[bench]')")
         return
     labels = list(results)
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
     width = 0.8 / len(PHASES)
     for k, phase in enumerate(PHASES):
         medians = [results[label].get(phase, {}).get("median_ms", 0.0) for label in labels]
@@ -151,8 +171,12 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     ax.axhline(3200, color="red", linestyle="--", label="exo: 0.2 s debounce + 3.0 s campaign")
     ax.set_yscale("log")
     ax.set_ylabel("ms after the master is killed (log scale; dash = p90)")
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))], labels)
-    ax.set_title("trexo re-election on loopback")
+    ax.set_xticks(
+        [i + 0.4 - width / 2 for i in range(len(labels))],
+        [label.replace(" ", "\n") for label in labels],
+        fontsize=8,
+    )
+    ax.set_title("trexo re-election: loopback and a lab of hosts (network namespaces)")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -161,16 +185,16 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
 
 def markdown(results: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "| cluster | failure | phase | median | p90 | max | n |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| cluster | failure | network | phase | median | p90 | max | n |",
+        "|---|---|---|---|---:|---:|---:|---:|",
     ]
     for label, phases in results.items():
-        size, failure = label.split(" ", 1)
+        size, failure, where = label.split(" ")
         for phase in PHASES:
             if phase in phases:
                 s = phases[phase]
                 lines.append(
-                    f"| {size} | {failure} | {phase} | {s['median_ms']:.1f} ms"
+                    f"| {size} | {failure} | {where} | {phase} | {s['median_ms']:.1f} ms"
                     f" | {s['p90_ms']:.1f} ms | {s['max_ms']:.1f} ms | {s['n']} |"
                 )
     return "\n".join(lines)
@@ -178,16 +202,19 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
 
 async def main_async(args: argparse.Namespace) -> None:
     results: dict[str, dict[str, Any]] = {}
+    networks = list(args.networks)
+    if "lab" in networks and (why := available()) is not None:
+        print(f"no lab of hosts here ({why}): loopback only")
+        networks.remove("lab")
+    runs = [(size, signal.SIGKILL, args.trials) for size in args.sizes] + [
+        (size, signal.SIGSTOP, args.stop_trials) for size in args.stop_sizes
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for size in args.sizes:
-            results[f"N={size} SIGKILL"] = await run_cluster(
-                size, args.trials, signal.SIGKILL, root
-            )
-        for size in args.stop_sizes:
-            results[f"N={size} SIGSTOP"] = await run_cluster(
-                size, args.stop_trials, signal.SIGSTOP, root
-            )
+        for size, sig, trials in runs:
+            for where in networks:  # side by side: the same configuration on each network
+                label = f"N={size} {signal.Signals(sig).name} {where}"
+                results[label] = await run_cluster(size, trials, sig, root, where)
     path = write_results(
         "election",
         {
@@ -208,6 +235,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[2, 3, 5])
     parser.add_argument("--stop-trials", type=int, default=10)
     parser.add_argument("--stop-sizes", type=int, nargs="*", default=[3])
+    parser.add_argument("--networks", nargs="*", choices=NETWORKS, default=list(NETWORKS))
     trio.run(main_async, parser.parse_args())
 
 

@@ -14,7 +14,9 @@ token the master is SIGKILLed; at once a new request is sent through C. Recorded
 - generation exit: on each survivor, from deciding the new session to the old generation's
   nursery having exited (from the nodes' trace files).
 
-The killed node is restarted (same data dir) before the next trial. Run: `nox -s bench-failover`.
+The killed node is restarted (same data dir) before the next trial. Run: `nox -s bench-failover`;
+`-- --network lab` runs the four nodes on hosts of their own (network namespaces, multicast
+discovery; results in `failover-lab.json`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_election import read_trace
+from bench.bench_election import NETWORKS, network, read_trace
 from bench.stats import markdown_table, summarize, write_results
 from tests.e2e.cluster import Cluster, ClusterNode, open_cluster
 
@@ -43,6 +45,7 @@ MESSAGES = [{"role": "user", "content": "Explain the for statement."}]
 STREAM_TOKENS = 64
 PROBE_TOKENS = 4
 TRIAL_TIMEOUT_S = 60.0
+NODES = 4
 
 
 def client(node: ClusterNode) -> openai.AsyncOpenAI:
@@ -173,36 +176,40 @@ async def main_async(args: argparse.Namespace) -> None:
         root = Path(tmp)
         trace_file = root / "trace.jsonl"
         env = {"TREXO_TRACE_FILE": str(trace_file)}
-        async with open_cluster(root / "cluster") as cluster, httpx.AsyncClient() as http:
-            for _ in range(2):
-                await cluster.add("--no-model", "-q", "--force-master", env=env)
-            b = await cluster.add("--no-model", "-q", env=env)
-            c = await cluster.add("--no-model", "-q", env=env)
-            await cluster.wait_converged(expect_nodes=4, timeout=TRIAL_TIMEOUT_S)
-            for _ in range(2):
-                placed = await http.post(
-                    f"{c.url}/instances", json={"model": MODEL, "node_id": b.node_id}
-                )
-                placed.raise_for_status()
-            await wait_ready(http, c, 2)
-            undisturbed, _ = await stream(c, STREAM_TOKENS)
-            trials = []
-            for i in range(args.trials):
-                calm = await baseline(c)
-                outcome = await trial(cluster, b, c, trace_file, undisturbed)
-                outcome["baseline_first_token_s"] = calm
-                trials.append(outcome)
-                exits = ", ".join(f"{x * 1e3:.1f}" for x in outcome["generation_exit_s"])
-                first = outcome["first_token_s"]
-                shown = "failed" if first is None else f"{first * 1e3:.1f} ms"
-                print(
-                    f"trial {i + 1}: first token {shown} (no failure: {calm * 1e3:.1f} ms), "
-                    f"stream intact {outcome['stream_intact']}, runners kept "
-                    f"{outcome['runners_kept']}, generation exits [{exits}] ms",
-                    flush=True,
-                )
-                # The next master is a survivor; the restarted node joins as a follower.
+        with network(args.network, NODES) as the_lab:
+            async with (
+                open_cluster(root / "cluster", the_lab) as cluster,
+                httpx.AsyncClient() as http,
+            ):
+                for _ in range(2):
+                    await cluster.add("--no-model", "-q", "--force-master", env=env)
+                b = await cluster.add("--no-model", "-q", env=env)
+                c = await cluster.add("--no-model", "-q", env=env)
+                await cluster.wait_converged(expect_nodes=NODES, timeout=TRIAL_TIMEOUT_S)
+                for _ in range(2):
+                    placed = await http.post(
+                        f"{c.url}/instances", json={"model": MODEL, "node_id": b.node_id}
+                    )
+                    placed.raise_for_status()
                 await wait_ready(http, c, 2)
+                undisturbed, _ = await stream(c, STREAM_TOKENS)
+                trials = []
+                for i in range(args.trials):
+                    calm = await baseline(c)
+                    outcome = await trial(cluster, b, c, trace_file, undisturbed)
+                    outcome["baseline_first_token_s"] = calm
+                    trials.append(outcome)
+                    exits = ", ".join(f"{x * 1e3:.1f}" for x in outcome["generation_exit_s"])
+                    first = outcome["first_token_s"]
+                    shown = "failed" if first is None else f"{first * 1e3:.1f} ms"
+                    print(
+                        f"trial {i + 1}: first token {shown} (no failure: {calm * 1e3:.1f} ms), "
+                        f"stream intact {outcome['stream_intact']}, runners kept "
+                        f"{outcome['runners_kept']}, generation exits [{exits}] ms",
+                        flush=True,
+                    )
+                    # The next master is a survivor; the restarted node joins as a follower.
+                    await wait_ready(http, c, 2)
     results = {
         "first_token": summarize([t["first_token_s"] for t in trials if t["first_token_s"]]),
         "baseline_first_token": summarize([t["baseline_first_token_s"] for t in trials]),
@@ -215,7 +222,8 @@ async def main_async(args: argparse.Namespace) -> None:
         "runners_kept": sum(t["runners_kept"] for t in trials),
         "trials": len(trials),
     }
-    path = write_results("failover", {"model": MODEL, "per_trial": trials, "results": results})
+    name = "failover" if args.network == "loopback" else f"failover-{args.network}"
+    path = write_results(name, {"model": MODEL, "per_trial": trials, "results": results})
     rows = {
         "SIGKILL of the master → first token of a new chat": results["first_token"],
         "the same new chat with no failure → first token": results["baseline_first_token"],
@@ -234,6 +242,7 @@ async def main_async(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-k", "--trials", type=int, default=20)
+    parser.add_argument("--network", choices=NETWORKS, default="loopback")
     trio.run(main_async, parser.parse_args())
 
 

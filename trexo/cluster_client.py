@@ -89,15 +89,22 @@ class SessionTracker:
         self._changed = trio.Event()
 
     def set_session(self, session: Session | None, view: StateView | None) -> None:
-        if self.view is not None:
-            self.last_state = self.view.state
+        self.last_state = self.state()
         self.session = session
         self.view = view
         self._changed.set()
         self._changed = trio.Event()
 
     def state(self) -> State:
-        return self.view.state if self.view is not None else self.last_state
+        """The session's state once its master has opened it; until then the last whole one.
+
+        A view that has not caught up holds part of a state (or none): answered from, or
+        carried over by this node if it becomes the next master, it would lose every
+        placement it had not seen yet.
+        """
+        if self.view is not None and self.view.state.opened:
+            return self.view.state
+        return self.last_state
 
     async def wait_change(self) -> None:
         """Until the session changes (a new one, or none)."""
@@ -110,10 +117,17 @@ class SessionTracker:
             return self.session
         raise NoSession(f"no master elected within {bound:.0f} s; retry shortly")
 
-    async def wait_state_change(self, after_index: int) -> None:
-        """Until the state moves past `after_index` (the index the caller looked at), or the
-        session changes. Passing the index closes the gap between looking and waiting."""
+    @property
+    def opened(self) -> bool:
+        """The current session's state is whole (its master opened it)."""
+        return self.view is not None and self.view.state.opened
+
+    async def wait_state_change(self, seen: State) -> None:
+        """Until `state()` is no longer `seen` (the state the caller looked at), or the
+        session changes. Passing what was seen closes the gap between looking and waiting."""
         view, session_changed = self.view, self._changed
+        if self.state() is not seen:
+            return
         if view is None:
             await session_changed.wait()
             return
@@ -123,7 +137,9 @@ class SessionTracker:
                 await wait()
                 nursery.cancel_scope.cancel()
 
-            nursery.start_soon(first, lambda: view.wait_state_change(after_index))
+            nursery.start_soon(
+                first, lambda: view.wait_until(lambda state: state.opened and state is not seen)
+            )
             nursery.start_soon(first, session_changed.wait)
 
 
@@ -220,6 +236,8 @@ class ClusterClient:
             if session is None
             else {"clock": session.clock, "master_id": session.master_id},
             "is_master": session is not None and session.master_id == self.node_id,
+            # Until it is, what this node answers from is the last session's state.
+            "session_opened": self._sessions.opened,
             "nodes": len(state.nodes),
             "instances": len(state.instances),
             "ready_runners": len(ready),
@@ -414,8 +432,8 @@ class ClusterClient:
                 continue
             before = {rid for rid, s in self._accepted_in.items() if s != session}
             with trio.move_on_after(self._command_wait):
-                while not (state := self.current_state()).opened:
-                    await self._sessions.wait_state_change(state.last_index)
+                while not self._sessions.opened:
+                    await self._sessions.wait_state_change(self.current_state())
                 await trio.sleep(ORPHAN_GRACE_S)
                 state = self.current_state()
                 for request_id in before & self._hub.open_streams - state.tasks.keys():

@@ -329,7 +329,11 @@ API_REFUSE_LINGER_S = 0.5
 """A refused connection stays open this long after its 503 to read what the client sent,
 so that closing does not reset the connection before the client read the answer."""
 API_MAX_LINGERING = 64
-"""Refused connections kept lingering at once; past it they are closed right after the 503."""
+"""Refused connections kept lingering at once; past it they are closed right after the 503
+and a read of what the client already sent (`API_REFUSE_DRAIN_S`)."""
+API_REFUSE_DRAIN_S = 0.01
+"""A refused connection past the lingering limit reads for this long before it is closed:
+what the client sent already is read (no reset), nothing is waited for."""
 API_ACCEPT_RETRY_S = 0.1
 """Out of file descriptors, `accept` is retried after this pause (the client waits queued)."""
 API_CORS_MAX_AGE_S = 600

@@ -46,7 +46,7 @@ class DefaultModel:
                 # Placing before this node has reported its memory would be refused.
                 state = self._client.current_state()
                 if self._client.node_id not in state.nodes:
-                    await self._sessions.wait_state_change(state.last_index)
+                    await self._sessions.wait_state_change(state)
                     continue
                 try:
                     model = await self._client.pinned(self._model)
@@ -76,4 +76,4 @@ class DefaultModel:
                 if self._on_ready is not None:
                     self._on_ready(self._model, instance_id)
                 return
-            await self._sessions.wait_state_change(state.last_index)
+            await self._sessions.wait_state_change(state)

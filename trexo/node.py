@@ -209,7 +209,7 @@ class Node:
     async def wait_joined(self) -> None:
         """Until this node is in the cluster's state (its resources can be placed on)."""
         while self.node_id not in (state := self.sessions.state()).nodes:
-            await self.sessions.wait_state_change(state.last_index)
+            await self.sessions.wait_state_change(state)
 
     async def _trace_membership(self) -> None:
         peers = self.router.peers

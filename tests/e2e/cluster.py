@@ -1,4 +1,6 @@
-"""Several `trexo run` processes on loopback forming one cluster, always cleaned up."""
+"""Several `trexo run` processes forming one cluster, always cleaned up: on loopback with
+static peers, or each on a host of a lab (`tests/lab/netns.py`) finding the others by
+multicast."""
 
 from __future__ import annotations
 
@@ -12,10 +14,16 @@ import attrs
 import httpx
 import trio
 
-from .harness import TrexoProcess, run_trexo
+from tests.lab.netns import Host, Lab
+
+from .harness import ISOLATED, TrexoProcess, run_trexo
 
 CONVERGE_TIMEOUT_S = 30.0
 POLL_S = 0.05
+HTTP_TIMEOUT_S = 10.0
+LAB_HTTP_TIMEOUT_S = 2.0
+LAB_API_PORT = 52415
+"""A lab host has a network of its own: every node takes the default ports there."""
 
 
 def free_port() -> int:
@@ -26,6 +34,16 @@ def free_port() -> int:
         return port
 
 
+def http_client(lab: Lab | None) -> httpx.AsyncClient:
+    if lab is None:
+        return httpx.AsyncClient(timeout=HTTP_TIMEOUT_S)
+    # A fresh connection per request: a kept-alive one to a host since cut off would wait
+    # out its timeout; and a cut-off host's health is unknown after a short wait.
+    return httpx.AsyncClient(
+        timeout=LAB_HTTP_TIMEOUT_S, limits=httpx.Limits(max_keepalive_connections=0)
+    )
+
+
 @attrs.define
 class ClusterNode:
     name: str
@@ -33,6 +51,8 @@ class ClusterNode:
     peer_port: int
     args: tuple[str, ...]
     env: dict[str, str]
+    host: Host | None = None
+    """The lab host the node runs on; None on loopback."""
     process: TrexoProcess | None = None
     stack: AsyncExitStack | None = None
 
@@ -53,8 +73,12 @@ class ClusterNode:
 @attrs.define
 class Cluster:
     root: Path
+    lab: Lab | None = None
+    """Run node i on the lab's host i (default discovery) instead of on loopback."""
     nodes: list[ClusterNode] = attrs.field(factory=list)
-    http: httpx.AsyncClient = attrs.field(factory=lambda: httpx.AsyncClient(timeout=10.0))
+    http: httpx.AsyncClient = attrs.field(
+        default=attrs.Factory(lambda self: http_client(self.lab), takes_self=True)
+    )
 
     def seed_address(self) -> str:
         return f"127.0.0.1:{self.nodes[0].peer_port}"
@@ -63,6 +87,12 @@ class Cluster:
         self, *extra: str, env: dict[str, str] | None = None, peers: bool = True
     ) -> ClusterNode:
         name = f"n{len(self.nodes)}"
+        if self.lab is not None:
+            host = self.lab.hosts[len(self.nodes)]
+            node = ClusterNode(name, self.root / name, 0, extra, env or {}, host)
+            self.nodes.append(node)
+            await self.start(node)
+            return node
         port = free_port()
         args = ["--peer-host", "127.0.0.1", "--peer-port", str(port), "--no-multicast", *extra]
         if peers and self.nodes:
@@ -79,8 +109,13 @@ class Cluster:
 
     async def start(self, node: ClusterNode) -> None:
         node.stack = AsyncExitStack()
+        wrapper: list[str] = []
+        isolation: tuple[str, ...] = ISOLATED
+        if self.lab is not None and node.host is not None:
+            wrapper = self.lab.exec_prefix(node.host)
+            isolation = ("--api-host", node.host.address, "--api-port", str(LAB_API_PORT))
         node.process = await node.stack.enter_async_context(
-            run_trexo(node.data_dir, *node.args, env=node.env)
+            run_trexo(node.data_dir, *node.args, env=node.env, wrapper=wrapper, isolation=isolation)
         )
 
     async def stop(self, node: ClusterNode) -> None:
@@ -100,16 +135,21 @@ class Cluster:
         return data
 
     async def wait_converged(
-        self, expect_nodes: int | None = None, timeout: float = CONVERGE_TIMEOUT_S
+        self,
+        expect_nodes: int | None = None,
+        timeout: float = CONVERGE_TIMEOUT_S,
+        among: list[ClusterNode] | None = None,
     ) -> dict[str, Any]:
-        """Until every live node reports the same session and sees `expect_nodes` nodes."""
-        want = expect_nodes if expect_nodes is not None else len(self.live())
+        """Until every live node (or every node of `among`) reports the same session, whole
+        (opened by its master), with `expect_nodes` nodes (by default, as many as it asks)."""
+        asked = among if among is not None else self.live()
+        want = expect_nodes if expect_nodes is not None else len(asked)
         with trio.fail_after(timeout):
             while True:
-                healths = [await self.health(n) for n in self.live()]
+                healths = [await self.health(n) for n in asked]
                 sessions = {repr(h["session"]) for h in healths if h is not None}
                 if (
-                    all(h is not None and h["session"] is not None for h in healths)
+                    all(h is not None and h["session_opened"] for h in healths)
                     and len(sessions) == 1
                     and all(h is not None and h["nodes"] == want for h in healths)
                 ):
@@ -125,8 +165,8 @@ class Cluster:
 
 
 @asynccontextmanager
-async def open_cluster(root: Path) -> AsyncIterator[Cluster]:
-    cluster = Cluster(root)
+async def open_cluster(root: Path, lab: Lab | None = None) -> AsyncIterator[Cluster]:
+    cluster = Cluster(root, lab)
     try:
         yield cluster
     finally:

@@ -6,6 +6,10 @@ and address, with nothing connected to a real interface.
 and a multicast route on its veth), and a veth from this (the test's) namespace into the
 bridge, so the test reaches the hosts' APIs. Everything it created is deleted on exit,
 whatever happened; a host's link can be cut and healed (`ip link set DEV down/up`).
+
+A partition moves some hosts' bridge ports onto a second bridge in the same namespace: the
+two sides cannot reach each other, each side still reaches its own. The test reaches the
+far side through a second veth into that bridge (`.253`, with a host route per host on it).
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ LAB_NET_FIRST_OCTETS = (10, 213)
 """The lab's /24s are 10.213.X.0/24 (X random per lab): private, and never routed here."""
 TEST_SIDE_HOST = 254
 """The test's own address in the lab: .254."""
+TEST_FAR_SIDE_HOST = 253
+"""The test's address on the far side of a partition."""
 MULTICAST_ROUTE = "224.0.0.0/4"
 HOST_DEV = "eth0"
 BRIDGE_DEV = "br0"
+FAR_BRIDGE_DEV = "br1"
 
 
 class LabUnavailable(Exception):
@@ -41,13 +48,15 @@ class Host:
     index: int
 
 
-@attrs.frozen
+@attrs.define
 class Lab:
     prefix: str
     subnet: str
     """e.g. `10.213.57`: host i is `.{i+1}`, the test `.254`."""
     bridge_namespace: str
     hosts: tuple[Host, ...]
+    partitioned: list[Host] = attrs.field(factory=list)
+    """The hosts on the far side of the partition now in force (none: no partition)."""
 
     def cut(self, host: Host) -> None:
         """Pull the host's cable: its link goes down (both directions go silent)."""
@@ -57,6 +66,33 @@ class Lab:
         """Plug it back in (its multicast route went with the link: it is put back)."""
         _ip("-n", host.namespace, "link", "set", HOST_DEV, "up")
         _ip("-n", host.namespace, "route", "replace", MULTICAST_ROUTE, "dev", HOST_DEV)
+
+    def partition(self, far_side: list[Host]) -> None:
+        """Split the lab in two: `far_side` and everyone else, each reaching only its own."""
+        if self.partitioned:
+            raise RuntimeError("the lab is partitioned already: end that partition first")
+        for host in far_side:
+            self._move_port(host, FAR_BRIDGE_DEV)
+            self.partitioned.append(host)
+            _ip("route", "replace", f"{host.address}/32", "dev", f"{self.prefix}u")
+
+    def end_partition(self) -> None:
+        """Join the two sides again."""
+        while self.partitioned:
+            host = self.partitioned.pop()
+            _ip("route", "del", f"{host.address}/32", "dev", f"{self.prefix}u")
+            self._move_port(host, BRIDGE_DEV)
+
+    def _move_port(self, host: Host, bridge: str) -> None:
+        _ip(
+            "-n",
+            self.bridge_namespace,
+            "link",
+            "set",
+            f"{self.prefix}v{host.index}",
+            "master",
+            bridge,
+        )
 
     def exec_prefix(self, host: Host) -> list[str]:
         """The command prefix that runs a program on `host`."""
@@ -86,12 +122,13 @@ def lab(n: int) -> Iterator[Lab]:
     subnet = f"{LAB_NET_FIRST_OCTETS[0]}.{LAB_NET_FIRST_OCTETS[1]}.{random.randrange(1, 250)}"
     bridge_ns = f"{prefix}br"
     made: list[str] = []
-    test_dev = f"{prefix}t"
+    test_devs = (f"{prefix}t", f"{prefix}u")
     try:
         _ip("netns", "add", bridge_ns)
         made.append(bridge_ns)
-        _ip("-n", bridge_ns, "link", "add", BRIDGE_DEV, "type", "bridge")
-        _ip("-n", bridge_ns, "link", "set", BRIDGE_DEV, "up")
+        for bridge in (BRIDGE_DEV, FAR_BRIDGE_DEV):
+            _ip("-n", bridge_ns, "link", "add", bridge, "type", "bridge")
+            _ip("-n", bridge_ns, "link", "set", bridge, "up")
         hosts = []
         for i in range(n):
             host = Host(f"{prefix}h{i}", f"{subnet}.{i + 1}", i)
@@ -101,16 +138,22 @@ def lab(n: int) -> Iterator[Lab]:
             _ip("-n", host.namespace, "link", "set", "lo", "up")
             _ip("-n", host.namespace, "route", "add", MULTICAST_ROUTE, "dev", HOST_DEV)
             hosts.append(host)
-        # The test's own side: a veth from this namespace into the bridge.
-        _ip("link", "add", test_dev, "type", "veth", "peer", "name", f"{prefix}tb")
-        _ip("link", "set", f"{prefix}tb", "netns", bridge_ns)
-        _ip("-n", bridge_ns, "link", "set", f"{prefix}tb", "master", BRIDGE_DEV, "up")
-        _ip("addr", "add", f"{subnet}.{TEST_SIDE_HOST}/24", "dev", test_dev)
-        _ip("link", "set", test_dev, "up")
+        # The test's own side: a veth from this namespace into each bridge; the far one
+        # has no subnet route (a partition adds a host route per far-side host).
+        for dev, bridge, address in (
+            (test_devs[0], BRIDGE_DEV, f"{subnet}.{TEST_SIDE_HOST}/24"),
+            (test_devs[1], FAR_BRIDGE_DEV, f"{subnet}.{TEST_FAR_SIDE_HOST}/32"),
+        ):
+            _ip("link", "add", dev, "type", "veth", "peer", "name", f"{dev}b")
+            _ip("link", "set", f"{dev}b", "netns", bridge_ns)
+            _ip("-n", bridge_ns, "link", "set", f"{dev}b", "master", bridge, "up")
+            _ip("addr", "add", address, "dev", dev)
+            _ip("link", "set", dev, "up")
         yield Lab(prefix, subnet, bridge_ns, tuple(hosts))
     finally:
-        with suppress(LabUnavailable):
-            _ip("link", "del", test_dev)
+        for dev in test_devs:
+            with suppress(LabUnavailable):
+                _ip("link", "del", dev)
         for namespace in reversed(made):
             with suppress(LabUnavailable):
                 _ip("netns", "del", namespace)  # its veth ends go with it

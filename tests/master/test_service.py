@@ -40,6 +40,7 @@ from trexo.types.models import ModelRef
 from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerLoading, RunnerReady
 from trexo.types.session import Session
+from trexo.types.snapshot import StateSnapshot
 from trexo.types.state import NodeInfo, State
 from trexo.types.stream import CommandReply
 from trexo.worker.state_view import StateView
@@ -252,6 +253,22 @@ async def test_replay_sends_the_sender_every_event_from_the_index(tmp_path: Path
                 events.receive_nowait()
         assert [e.index for e in got] == [3, 4]
         assert h.master.statistics().replays_served >= 1
+
+
+async def test_a_replay_from_the_start_is_one_snapshot_of_the_head(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(*(NodeReport(node(ME, k * MiB)) for k in range(1, 5)))
+        await h.view.wait_until(lambda s: s.last_index == 4)
+        with h.router.subscribe(Topic.GLOBAL_EVENTS) as events:
+            reply = await h.command(lambda c: RequestReplay(c, 0))
+            assert reply.error is None
+            got = events.receive_nowait().payload
+            with pytest.raises(trio.WouldBlock):
+                events.receive_nowait()
+        # Not the events one by one: a view applying them would show old states as current.
+        assert isinstance(got, StateSnapshot)
+        assert got.index == 4
+        assert got.state == h.master.state
 
 
 async def test_unknown_runner_and_task_reports_are_ignored(tmp_path: Path) -> None:

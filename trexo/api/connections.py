@@ -25,6 +25,7 @@ from trexo.config import (
     API_ACCEPT_RETRY_S,
     API_MAX_CONNECTIONS,
     API_MAX_LINGERING,
+    API_REFUSE_DRAIN_S,
     API_REFUSE_LINGER_S,
     API_RETRY_AFTER_S,
 )
@@ -60,6 +61,7 @@ class ConnectionCap:
     retry_after: float = API_RETRY_AFTER_S
     linger: float = API_REFUSE_LINGER_S
     max_lingering: int = API_MAX_LINGERING
+    drain: float = API_REFUSE_DRAIN_S
     _active: int = 0
     _lingering: int = 0
     _refused: int = 0
@@ -121,13 +123,15 @@ class ConnectionCap:
                 await stream.send_all(self.refusal())
                 await stream.send_eof()
                 # Closing with unread request bytes would send a reset, which may reach the
-                # client before it read the answer: read them first, for a bounded time.
-                read = 0
-                while linger and read < LINGER_READ_BYTES:
-                    data = await stream.receive_some()
-                    if not data:
-                        break
-                    read += len(data)
+                # client before it read the answer: read them first, for a bounded time
+                # (past the lingering limit, only what has come already: a flood is cheap).
+                with trio.move_on_after(self.linger if linger else self.drain):
+                    read = 0
+                    while read < LINGER_READ_BYTES:
+                        data = await stream.receive_some()
+                        if not data:
+                            break
+                        read += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client left first: nothing to answer
         finally:

@@ -334,6 +334,12 @@ class Master:
         items: list[StateSnapshot | IndexedEvent] = list(replay.events)
         if replay.snapshot is not None:
             items.insert(0, replay.snapshot)
+        if command.from_index == 0 and len(items) > 1:
+            # A view starting from nothing gets the state at the head in one message: applied
+            # item by item it would show an old part of the session as the current state
+            # (placements since deleted, none of the newer ones) and, were its node elected
+            # next, carry that part over.
+            items = [StateSnapshot(self.session, self._history.next_index - 1, self._state)]
         for item in items:
             if not await self._send(sender, Topic.GLOBAL_EVENTS, item):
                 break
