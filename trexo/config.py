@@ -368,8 +368,9 @@ DEFAULT_NAMESPACE = "trexo"
 """Nodes link only to nodes of the same namespace: several clusters can share a LAN."""
 CLUSTER_SECRET_ENV = "TREXO_CLUSTER_SECRET"
 """Environment variable holding the cluster secret (the CLI's `--cluster-secret` wins)."""
-PROTOCOL_VERSION = 1
-"""Version of the peer protocol (handshake and envelopes); peers must agree exactly."""
+PROTOCOL_VERSION = 2
+"""Version of the peer protocol (handshake and envelopes); peers must agree exactly. 2: links
+are encrypted (`trexo.net.secure_channel`)."""
 HEARTBEAT_INTERVAL_S = 0.4
 """A link pings its peer this often (measured from ping to ping)."""
 HEARTBEAT_TIMEOUT_S = 0.4
