@@ -334,6 +334,8 @@ API_ACCEPT_RETRY_S = 0.1
 """Out of file descriptors, `accept` is retried after this pause (the client waits queued)."""
 API_CORS_MAX_AGE_S = 600
 """How long a browser may cache a CORS preflight answer."""
+API_KEY_ENV = "TREXO_API_KEY"
+"""Environment variable holding an API key (added to `--api-key` and `--api-key-file`'s)."""
 
 
 @attrs.frozen
@@ -356,6 +358,12 @@ class ApiConfig:
     ollama_port: int | None = None
     """A second listener of the same API on `host`, for Ollama clients (`OLLAMA_PORT`);
     None: none; 0 picks a free port. Both listeners share `max_connections`."""
+    api_keys: tuple[str, ...] = attrs.field(default=(), repr=False)
+    """With any, every request but `GET /health` must present one (`trexo.api.auth`); none:
+    the API is open. Never logged (not in the repr)."""
+    tls_cert: Path | None = None
+    """With `tls_key`, both listeners serve HTTPS with this certificate chain (PEM)."""
+    tls_key: Path | None = None
 
 
 # --- peer transport --------------------------------------------------------------------------

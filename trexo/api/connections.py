@@ -38,7 +38,7 @@ LINGER_READ_BYTES = 64 * 1024
 REFUSAL_LOG_INTERVAL_S = 10.0
 """Refusals are logged at most this often: a flood of clients must not flood the log."""
 
-Handler = Callable[[trio.SocketStream], Awaitable[object]]
+Handler = Callable[[trio.abc.Stream], Awaitable[object]]
 
 
 @attrs.frozen
@@ -71,7 +71,7 @@ class ConnectionCap:
     def wrap(self, handler: Handler) -> Handler:
         """`handler`, run only for connections within the cap."""
 
-        async def serve_or_refuse(stream: trio.SocketStream) -> None:
+        async def serve_or_refuse(stream: trio.abc.Stream) -> None:
             if self._active >= self.limit:
                 await self._refuse(stream)
                 return
@@ -102,7 +102,7 @@ class ConnectionCap:
         ]
         return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
-    async def _refuse(self, stream: trio.SocketStream) -> None:
+    async def _refuse(self, stream: trio.abc.Stream) -> None:
         """Answer 503 and close; the caller (`serve_listeners`) closes the stream for good."""
         self._refused += 1
         now = trio.current_time()
@@ -119,7 +119,8 @@ class ConnectionCap:
         try:
             with trio.move_on_after(self.linger):
                 await stream.send_all(self.refusal())
-                await stream.send_eof()
+                if isinstance(stream, trio.abc.HalfCloseableStream):  # not TLS
+                    await stream.send_eof()
                 # Closing with unread request bytes would send a reset, which may reach the
                 # client before it read the answer: read them first, for a bounded time.
                 read = 0
