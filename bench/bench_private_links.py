@@ -271,7 +271,9 @@ def main() -> None:
     parser.add_argument("--measure-link-up", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_link_up is not None:  # the subprocess: one tree's link-ups, as JSON
-        sys.path.remove(str(ROOT))  # the tree to measure is the one on PYTHONPATH
+        while str(ROOT) in sys.path:  # the tree to measure is the one on PYTHONPATH
+            sys.path.remove(str(ROOT))
+        sys.path.insert(0, os.environ["PYTHONPATH"])
         samples = trio.run(measure_link_up, args.measure_link_up)
         import trexo
 
