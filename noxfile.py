@@ -69,6 +69,13 @@ def bench_download(session: nox.Session) -> None:
     session.run(PYTHON, "bench/bench_download.py", *session.posargs)
 
 
+@nox.session(name="bench-private-links")
+def bench_private_links(session: nox.Session) -> None:
+    """Encrypted peer links against the plain ones of the commit before (link-up, decode across
+    a link, failover, and the crypto per message)."""
+    session.run(PYTHON, "bench/bench_private_links.py", *session.posargs)
+
+
 @nox.session(name="bench-soak")
 def bench_soak(session: nox.Session) -> None:
     """100,000 short chats on one node, then three: master RSS, history, disk, joiner catch-up."""

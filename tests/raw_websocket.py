@@ -25,6 +25,7 @@ from wsproto.events import (
 from trexo import wire
 from trexo.config import PROTOCOL_VERSION
 from trexo.net import handshake as hs
+from trexo.net.secure_channel import EphemeralKey
 from trexo.net.transport import RESOURCE
 from trexo.types.ids import NodeId
 
@@ -133,9 +134,11 @@ class RawWebSocket:
     async def handshake(self, name: str) -> None:
         """The dialler's side of trexo's handshake, without a cluster secret."""
         me = hs.Identity(NodeId(name), "trexo", PROTOCOL_VERSION, 1)
-        await self.send_text(wire.to_json(me.hello(()), hs.HandshakeMessage).decode())
-        hello = wire.from_json(await self.receive_text(), hs.HandshakeMessage)
-        assert isinstance(hello, hs.Hello), hello
+        await self.send_text(
+            wire.to_json(me.hello((), EphemeralKey()), hs.HandshakeMessage).decode()
+        )
+        theirs = wire.from_json(await self.receive_text(), hs.HandshakeMessage)
+        assert isinstance(theirs, hs.Hello), theirs
         await self.send_text(wire.to_json(hs.Proof(None), hs.HandshakeMessage).decode())
         ready = wire.from_json(await self.receive_text(), hs.HandshakeMessage)
         assert isinstance(ready, hs.Ready), ready

@@ -36,6 +36,8 @@ DEMO_PROMPT = "Hello! What can you do?"
 DEMO_MAX_TOKENS = 64
 """The ready line's example stops here (absent, max_tokens is all the context leaves)."""
 QUIET_LOGGERS = ("httpx", "httpx2", "huggingface_hub")
+API_KEY_PLACEHOLDER = "YOUR_API_KEY"
+"""Stands for the key in the ready line's curl command: keys are never printed."""
 _stopped_cleanly = False
 """Set once the node has stopped in order (a late Ctrl-C after that changes nothing)."""
 
@@ -111,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="let web pages of ORIGIN (https://host[:port], or * for any) call the API "
         "(repeatable; default: no cross-origin access)",
     )
+    _add_security_options(run)
     _add_limit_options(run)
     _add_hub_options(run)
     _add_cluster_options(run)
@@ -150,6 +153,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(demo)
     return parser
+
+
+def _add_security_options(parser: argparse.ArgumentParser) -> None:
+    from trexo.config import API_KEY_ENV
+
+    security = parser.add_argument_group(
+        "API keys and TLS",
+        "With a key, every request but GET /health must carry one (Authorization: Bearer KEY, "
+        "or x-api-key: KEY); a missing or wrong key gets 401. With a certificate and its key, "
+        "the API serves HTTPS.",
+    )
+    security.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"accept this API key (repeatable; also ${API_KEY_ENV}; default: no key needed)",
+    )
+    security.add_argument(
+        "--api-key-file",
+        type=Path,
+        metavar="PATH",
+        help="accept every key in this file (one per line; blank lines and # comments skipped)",
+    )
+    security.add_argument(
+        "--api-tls-cert", type=Path, metavar="PEM", help="certificate chain for HTTPS"
+    )
+    security.add_argument("--api-tls-key", type=Path, metavar="PEM", help="its private key")
 
 
 def _add_hub_options(parser: argparse.ArgumentParser) -> None:
@@ -207,7 +238,8 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument(
         "--cluster-secret",
         default=os.environ.get(CLUSTER_SECRET_ENV),
-        help=f"peers must prove they know it (HMAC); default ${CLUSTER_SECRET_ENV}",
+        help="peers must prove they know it (HMAC), and it keys the links' encryption, so a "
+        f"man in the middle can neither join nor read; default ${CLUSTER_SECRET_ENV}",
     )
     cluster.add_argument(
         "--force-master", action="store_true", help="this node always wins elections"
@@ -392,6 +424,7 @@ def demo_model_command(args: argparse.Namespace) -> int:
 def run_command(args: argparse.Namespace) -> int:
     from trexo import catalog
     from trexo.config import (
+        API_KEY_ENV,
         ApiConfig,
         DiscoveryConfig,
         MasterConfig,
@@ -405,6 +438,12 @@ def run_command(args: argparse.Namespace) -> int:
     hub = _hub_config(args)
     extra = []
     default = None
+    try:
+        api_keys = read_api_keys(args.api_key, args.api_key_file, os.environ.get(API_KEY_ENV))
+        tls_cert, tls_key = check_tls(args.api_tls_cert, args.api_tls_key)
+    except ValueError as exc:
+        print(f"trexo: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.model is not None:
             default = _named_model(args.model, hub)
@@ -425,6 +464,9 @@ def run_command(args: argparse.Namespace) -> int:
             cors_origins=tuple(args.cors_origin),
             max_context_tokens=args.max_context_tokens,
             stalled_client_timeout=args.stalled_client_timeout,
+            api_keys=api_keys,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         ),
         runner=RunnerConfig(
             prefill_step=args.prefill_step,
@@ -464,6 +506,45 @@ def run_command(args: argparse.Namespace) -> int:
         if _stopped_cleanly:
             return 0
         raise
+
+
+def read_api_keys(
+    flags: Sequence[str], key_file: Path | None, env_key: str | None
+) -> tuple[str, ...]:
+    """Every API key given: `--api-key`s, the lines of `--api-key-file`, `$TREXO_API_KEY`.
+    `ValueError` for a file that cannot be read or holds none, or a blank key."""
+    keys = list(flags)
+    if key_file is not None:
+        try:
+            lines = key_file.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--api-key-file {key_file}: cannot read it ({exc})") from None
+        from_file = [line.strip() for line in lines]
+        from_file = [key for key in from_file if key and not key.startswith("#")]
+        if not from_file:
+            raise ValueError(f"--api-key-file {key_file}: no key in it")
+        keys += from_file
+    if env_key:
+        keys.append(env_key)
+    if any(not key.strip() for key in keys):
+        raise ValueError("an API key is blank")
+    return tuple(dict.fromkeys(key.strip() for key in keys))
+
+
+def check_tls(cert: Path | None, key: Path | None) -> tuple[Path | None, Path | None]:
+    """The certificate and key, checked now (a clear error at start, not a traceback at the
+    first connection); `ValueError` if only one is given or they do not load."""
+    if cert is None and key is None:
+        return None, None
+    if cert is None or key is None:
+        raise ValueError("--api-tls-cert and --api-tls-key go together")
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"--api-tls-cert {cert} / --api-tls-key {key}: {exc}") from None
+    return cert, key
 
 
 def _hub_config(args: argparse.Namespace) -> HubConfig:
@@ -539,11 +620,25 @@ def startup_warnings(config: NodeConfig) -> list[str]:
     if config.transport.secret is None and not _is_loopback(config.transport.host):
         warnings.append(
             f"the peer port listens on {config.transport.host}:{config.transport.port} with no "
-            "cluster secret: any machine that reaches it can join the cluster, be elected "
-            "master and see every prompt (links are not encrypted). To close it: "
+            "cluster secret: links are encrypted against eavesdroppers, but any machine that "
+            "reaches it can join the cluster, be elected master and see every prompt, and an "
+            "active attacker between two nodes can read their link. To close it: "
             "--cluster-secret S (or $TREXO_CLUSTER_SECRET), or --peer-host 127.0.0.1 "
             "--no-multicast for a single machine"
         )
+    api = config.api
+    if not _is_loopback(api.host):
+        if not api.api_keys:
+            warnings.append(
+                f"the API listens on {api.host}:{api.port} with no API key: anyone who reaches "
+                "it can use the models and place and delete instances. To close it: "
+                "--api-key KEY (or $TREXO_API_KEY, or --api-key-file PATH)"
+            )
+        elif api.tls_cert is None:
+            warnings.append(
+                f"the API listens on {api.host}:{api.port} without TLS: API keys, prompts and "
+                "answers cross the network in clear text. Add --api-tls-cert and --api-tls-key"
+            )
     return [w for w in warnings if w is not None]
 
 
@@ -560,7 +655,8 @@ async def run_node_until_signalled(config: NodeConfig) -> int:
     """Run the node until SIGINT/SIGTERM; a second signal forces exit."""
     from trexo.node import Node
 
-    node = Node(config, on_model_ready=_print_ready)
+    keyed = bool(config.api.api_keys)
+    node = Node(config, on_model_ready=functools.partial(_print_ready, keyed=keyed))
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             node_scope = trio.CancelScope()
@@ -597,8 +693,9 @@ async def run_node_until_signalled(config: NodeConfig) -> int:
     return 0
 
 
-def ready_message(api_url: str, model_id: str) -> str:
-    """The ready line, with a curl command that works as printed."""
+def ready_message(api_url: str, model_id: str, *, keyed: bool = False) -> str:
+    """The ready line, with a curl command that works as printed (with an API key: once the
+    key is put in; the key itself is never printed)."""
     body = {
         "model": model_id,
         "messages": [{"role": "user", "content": DEMO_PROMPT}],
@@ -612,6 +709,7 @@ def ready_message(api_url: str, model_id: str) -> str:
             f"{api_url}/v1/chat/completions",
             "-H",
             "Content-Type: application/json",
+            *(["-H", f"Authorization: Bearer {API_KEY_PLACEHOLDER}"] if keyed else []),
             "-d",
             json.dumps(body),
         ]
@@ -619,9 +717,11 @@ def ready_message(api_url: str, model_id: str) -> str:
     return f"trexo is ready: model {model_id} is served on {api_url}\n  try: {curl}"
 
 
-def _print_ready(model: ModelRef, instance_id: InstanceId, api_url: str) -> None:
+def _print_ready(
+    model: ModelRef, instance_id: InstanceId, api_url: str, *, keyed: bool = False
+) -> None:
     del instance_id
-    print(ready_message(api_url, model.model_id), flush=True)
+    print(ready_message(api_url, model.model_id, keyed=keyed), flush=True)
 
 
 if __name__ == "__main__":

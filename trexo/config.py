@@ -338,6 +338,8 @@ API_ACCEPT_RETRY_S = 0.1
 """Out of file descriptors, `accept` is retried after this pause (the client waits queued)."""
 API_CORS_MAX_AGE_S = 600
 """How long a browser may cache a CORS preflight answer."""
+API_KEY_ENV = "TREXO_API_KEY"
+"""Environment variable holding an API key (added to `--api-key` and `--api-key-file`'s)."""
 
 
 @attrs.frozen
@@ -360,6 +362,12 @@ class ApiConfig:
     ollama_port: int | None = None
     """A second listener of the same API on `host`, for Ollama clients (`OLLAMA_PORT`);
     None: none; 0 picks a free port. Both listeners share `max_connections`."""
+    api_keys: tuple[str, ...] = attrs.field(default=(), repr=False)
+    """With any, every request but `GET /health` must present one (`trexo.api.auth`); none:
+    the API is open. Never logged (not in the repr)."""
+    tls_cert: Path | None = None
+    """With `tls_key`, both listeners serve HTTPS with this certificate chain (PEM)."""
+    tls_key: Path | None = None
 
 
 # --- peer transport --------------------------------------------------------------------------
@@ -372,8 +380,9 @@ DEFAULT_NAMESPACE = "trexo"
 """Nodes link only to nodes of the same namespace: several clusters can share a LAN."""
 CLUSTER_SECRET_ENV = "TREXO_CLUSTER_SECRET"
 """Environment variable holding the cluster secret (the CLI's `--cluster-secret` wins)."""
-PROTOCOL_VERSION = 1
-"""Version of the peer protocol (handshake and envelopes); peers must agree exactly."""
+PROTOCOL_VERSION = 2
+"""Version of the peer protocol (handshake and envelopes); peers must agree exactly. 2: links
+are encrypted (`trexo.net.secure_channel`)."""
 HEARTBEAT_INTERVAL_S = 0.4
 """A link pings its peer this often (measured from ping to ping)."""
 HEARTBEAT_TIMEOUT_S = 0.4

@@ -184,3 +184,13 @@ class PeerRefused(LinkError):
 
 class DialFailed(LinkError):
     """The peer could not be reached, or the handshake broke off or did not finish in time."""
+
+
+class SecureChannelError(TrexoError):
+    """A link's encryption cannot go on (a message failed to open, nonces ran out): the link
+    closes, and the peers link again."""
+
+
+class TamperedMessage(SecureChannelError):
+    """A sealed peer message failed authentication: tampered with, replayed, reordered,
+    dropped before it, or sealed under other keys."""

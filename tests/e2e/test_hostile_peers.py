@@ -127,10 +127,10 @@ async def test_hostile_messages_after_a_handshake_are_dropped(tmp_path: Path) ->
                 open_websocket("127.0.0.1", port, RESOURCE, use_ssl=False) as ws,
                 trio.open_nursery() as nursery,
             ):
-                await dial_handshake(ws, identity(me), ())
+                agreed = await dial_handshake(ws, identity(me), ())
                 nursery.start_soon(drain, ws)
-                for text in messages:
-                    await ws.send_message(text)
+                for text in messages:  # sealed as a peer seals them: the link opens each
+                    await ws.send_message(agreed.channel.sealer.seal(text.encode()))
                 await wait_logged(node, f"dropped a message from peer {me}", TOO_DEEP)
                 await wait_logged(node, f"dropped a message from peer {me}", "out of range")
                 await wait_logged(node, "could not link to discovered peer zzzz1")

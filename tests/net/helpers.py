@@ -12,6 +12,7 @@ import attrs
 import pytest
 import trio
 from trio_websocket import WebSocketConnection, open_websocket
+from wire_relay import serve_loopback
 
 from trexo.config import DiscoveryConfig, TransportConfig
 from trexo.net import handshake as hs
@@ -19,6 +20,7 @@ from trexo.net.discovery import Discovery
 from trexo.net.gossip import PeerInfo
 from trexo.net.handshake_io import dial_handshake
 from trexo.net.router import Router
+from trexo.net.secure_channel import SecureChannel
 from trexo.net.transport import RESOURCE, Transport
 from trexo.types.ids import NodeId
 
@@ -121,6 +123,27 @@ def free_udp_port() -> int:
         return port
 
 
+class SealedPeer:
+    """The test's end of a link: sends anything, sealed as a real peer seals it; `ws` is the
+    raw websocket (to send what no peer would seal)."""
+
+    def __init__(self, ws: WebSocketConnection, channel: SecureChannel) -> None:
+        self.ws = ws
+        self.channel = channel
+
+    async def send_message(self, message: str | bytes) -> None:
+        data = message.encode() if isinstance(message, str) else message
+        await self.ws.send_message(self.channel.sealer.seal(data))
+
+    async def get_message(self) -> bytes:
+        sealed = await self.ws.get_message()
+        assert isinstance(sealed, bytes), sealed
+        return self.channel.opener.open(sealed)
+
+    async def ping(self) -> None:
+        await self.ws.ping()
+
+
 @asynccontextmanager
 async def fake_peer(
     target: Node,
@@ -129,15 +152,15 @@ async def fake_peer(
     namespace: str = "trexo",
     secret: bytes | None = None,
     port: int = 1,
-) -> AsyncIterator[WebSocketConnection]:
+) -> AsyncIterator[SealedPeer]:
     """A peer under the test's control: dials `target`, does the real handshake, and
-    hands over the raw websocket (to send it anything)."""
+    hands over its end of the link (to send it anything)."""
     me = hs.Identity(
         NodeId(name), namespace, target.transport.config.protocol_version, port, secret
     )
     async with open_websocket("127.0.0.1", target.port, RESOURCE, use_ssl=False) as ws:
-        await dial_handshake(ws, me, ())
-        yield ws
+        agreed = await dial_handshake(ws, me, ())
+        yield SealedPeer(ws, agreed.channel)
 
 
 def peer_info(node: Node) -> PeerInfo:
@@ -160,10 +183,8 @@ class FreezableProxy:
         self._thawed = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, self._relay, listeners)
+            self.port = await nursery.start(serve_loopback, self._relay)
             task_status.started(self.port)
 
     async def _relay(self, client: trio.SocketStream) -> None:

@@ -7,13 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trexo.net import handshake as hs
+from trexo.net.secure_channel import EphemeralKey
 from trexo.types.ids import NodeId
 
 ME = hs.Identity(NodeId("me"), "trexo", 1, 52416)
 
 
 def hello_from(name: str = "peer", **changes: object) -> hs.Hello:
-    base = hs.Identity(NodeId(name), "trexo", 1, 52416, secret=None).hello(())
+    base = hs.Identity(NodeId(name), "trexo", 1, 52416, secret=None).hello((), EphemeralKey())
     return attrs.evolve(base, **changes)
 
 
@@ -43,8 +44,8 @@ def test_version_is_checked_before_decoding() -> None:
 
 
 def test_hello_nonces_are_fresh() -> None:
-    assert ME.hello(()).nonce != ME.hello(()).nonce
-    assert len(ME.hello(()).nonce) == 2 * hs.NONCE_BYTES
+    assert ME.hello((), EphemeralKey()).nonce != ME.hello((), EphemeralKey()).nonce
+    assert len(ME.hello((), EphemeralKey()).nonce) == 2 * hs.NONCE_BYTES
 
 
 def test_secret_is_not_in_the_identity_repr() -> None:

@@ -53,7 +53,7 @@ def test_peer_lists_round_trip() -> None:
 @pytest.mark.parametrize(
     ("message", "error", "problem"),
     [
-        (b"bytes", MalformedMessage, "binary"),
+        (b"\xff\xfe", MalformedMessage, "UTF-8"),
         ("{", MalformedMessage, "not valid JSON"),
         ('"str"', MalformedMessage, "not an envelope"),
         ('{"topic": "stream", "sender": "a"}', MalformedMessage, "not an envelope"),

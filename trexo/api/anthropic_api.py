@@ -2,8 +2,9 @@
 events, or not) and `POST /v1/messages/count_tokens`, with Anthropic's error shape for every
 error under `/v1/messages`.
 
-Headers Anthropic's clients send (`x-api-key`, `anthropic-version`, `anthropic-beta`) are
-accepted and ignored: trexo has no keys, and serves one version of the API.
+`x-api-key` is checked like any API key when the node has keys (`trexo.api.auth`), else
+ignored; `anthropic-version` and `anthropic-beta` are accepted and ignored: trexo serves one
+version of the API.
 """
 
 from __future__ import annotations

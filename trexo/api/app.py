@@ -20,6 +20,7 @@ from werkzeug.exceptions import (
     RequestTimeout,
 )
 
+from trexo.api.auth import register_auth
 from trexo.api.chat_request import parse_chat_request
 from trexo.api.chat_response import ChunkEncoder, completion_from_chunks
 from trexo.api.cors import CorsPolicy, register_cors
@@ -81,6 +82,9 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
         # its request body was read, so every body is read (within MAX_CONTENT_LENGTH and
         # BODY_TIMEOUT) before any answer, a 404 included; views then get it from the cache.
         await request.get_data(cache=True, as_text=False, parse_form_data=False)
+
+    # After `read_body`, so that a refused request's body has been read too.
+    register_auth(app, config.api_keys, error_response)
 
     @app.errorhandler(Exception)
     async def on_error(error: Exception) -> Response:

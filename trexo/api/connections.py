@@ -39,7 +39,7 @@ LINGER_READ_BYTES = 64 * 1024
 REFUSAL_LOG_INTERVAL_S = 10.0
 """Refusals are logged at most this often: a flood of clients must not flood the log."""
 
-Handler = Callable[[trio.SocketStream], Awaitable[object]]
+Handler = Callable[[trio.abc.Stream], Awaitable[object]]
 
 
 @attrs.frozen
@@ -73,7 +73,7 @@ class ConnectionCap:
     def wrap(self, handler: Handler) -> Handler:
         """`handler`, run only for connections within the cap."""
 
-        async def serve_or_refuse(stream: trio.SocketStream) -> None:
+        async def serve_or_refuse(stream: trio.abc.Stream) -> None:
             if self._active >= self.limit:
                 await self._refuse(stream)
                 return
@@ -104,7 +104,7 @@ class ConnectionCap:
         ]
         return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
-    async def _refuse(self, stream: trio.SocketStream) -> None:
+    async def _refuse(self, stream: trio.abc.Stream) -> None:
         """Answer 503 and close; the caller (`serve_listeners`) closes the stream for good."""
         self._refused += 1
         now = trio.current_time()
@@ -121,7 +121,8 @@ class ConnectionCap:
         try:
             with trio.move_on_after(self.linger):
                 await stream.send_all(self.refusal())
-                await stream.send_eof()
+                if isinstance(stream, trio.abc.HalfCloseableStream):  # not TLS
+                    await stream.send_eof()
                 # Closing with unread request bytes would send a reset, which may reach the
                 # client before it read the answer: read them first, for a bounded time
                 # (past the lingering limit, only what has come already: a flood is cheap).

@@ -1,6 +1,7 @@
 """The API service: serves the app (`trexo.api.app.create_app`) with hypercorn's trio worker.
 
-`serve` is `hypercorn.trio.serve` for plain HTTP with two things hypercorn's config cannot
+`serve` is `hypercorn.trio.serve` for HTTP, or HTTPS with `tls_cert`/`tls_key` (hypercorn's
+own TLS: its SSL context, ALPN for HTTP/2), with two things hypercorn's config cannot
 express (`trexo.api.connections`): a cap on concurrent connections, and an accept loop that
 waits out a lack of file descriptors. Its pieces (lifespan, `TCPServer` per connection)
 are hypercorn's own; only the listening loop is ours.
@@ -89,7 +90,8 @@ async def serve(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the ASGI `app` over plain HTTP on `config.bind` until cancelled.
+    """Serve the ASGI `app` on `config.bind` until cancelled: HTTPS if `config` has a
+    certificate (`config.ssl_enabled`), else plain HTTP.
 
     Reports the bound URLs. Stop is cancellation (DESIGN §1): no graceful shutdown.
     """
@@ -100,14 +102,21 @@ async def serve(
     async with trio.open_nursery() as nursery:
         await nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
-        listeners: list[PatientListener] = []
+        listeners: list[trio.abc.Listener[trio.abc.Stream]] = []
         binds: list[str] = []
-        for sock in config.create_sockets().insecure_sockets:
+        sockets = config.create_sockets()  # with a certificate, every bind is a secure one
+        ssl_context = config.create_ssl_context() if config.ssl_enabled else None
+        for sock in [*sockets.secure_sockets, *sockets.insecure_sockets]:
             sock.listen(config.backlog)
-            listeners.append(
-                PatientListener(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+            listener: trio.abc.Listener[trio.abc.Stream] = PatientListener(
+                trio.SocketListener(trio.socket.from_stdlib_socket(sock))
             )
-            binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+            scheme = "http"
+            if ssl_context is not None:
+                listener = trio.SSLListener(listener, ssl_context, https_compatible=True)
+                scheme = "https"
+            listeners.append(listener)
+            binds.append(f"{scheme}://{repr_socket_addr(sock.family, sock.getsockname())}")
         connection = partial(
             _TCPServer, asgi, config, context, ConnectionState(lifespan_state.copy())
         )
@@ -132,6 +141,9 @@ def hypercorn_config(config: ApiConfig) -> HypercornConfig:
     hc.bind = [f"{host}:{config.port}"]
     if config.ollama_port is not None:
         hc.bind.append(f"{host}:{config.ollama_port}")
+    if config.tls_cert is not None:
+        hc.certfile = str(config.tls_cert)
+        hc.keyfile = None if config.tls_key is None else str(config.tls_key)
     hc.accesslog = logging.getLogger(ACCESS_LOGGER)
     hc.errorlog = logging.getLogger(SERVER_LOGGER)
     hc.logger_class = _AccessLogAtDebug

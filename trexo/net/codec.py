@@ -1,4 +1,5 @@
-"""Envelopes on a peer link: one websocket text message each (pure logic).
+"""Envelopes on a peer link: one JSON object each, sealed into one websocket binary message by
+the link (`secure_channel`) (pure logic).
 
     {"topic": "election", "sender": "<node id>", "payload": {"type": "Campaign", ...}}
 
@@ -24,13 +25,13 @@ ENVELOPE_FIELDS = frozenset({"topic", "sender", "payload"})
 
 
 def encode_envelope(envelope: Envelope) -> str:
-    """The text message for a router envelope."""
+    """The message for a router envelope (ASCII JSON)."""
     payload = wire.to_json(envelope.payload, payload_type(envelope.topic)).decode()
     return _frame(envelope.topic.value, envelope.sender, payload)
 
 
 def encode_peer_list(sender: NodeId, peers: PeerList) -> str:
-    """The text message for a gossip list."""
+    """The message for a gossip list (ASCII JSON)."""
     return _frame(PEERS_TOPIC, sender, wire.to_json(peers, PeerList).decode())
 
 
@@ -40,9 +41,7 @@ def _frame(topic: str, sender: NodeId, payload_json: str) -> str:
 
 
 def decode_message(message: str | bytes, *, sender: NodeId, max_bytes: int) -> Envelope | PeerList:
-    """Decode one message that arrived from peer `sender`."""
-    if isinstance(message, bytes):
-        raise MalformedMessage(f"binary message of {len(message)} bytes; peers send text")
+    """Decode one message (opened: the link has checked it came from peer `sender`)."""
     # Our JSON is ASCII (json.dumps escapes the rest), so characters count bytes.
     if len(message) > max_bytes:
         raise FrameTooLarge(f"message of {len(message)} bytes exceeds the limit of {max_bytes}")

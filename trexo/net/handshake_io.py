@@ -1,6 +1,7 @@
 """Drives the handshake of `trexo.net.handshake` over a websocket (the thin I/O side).
 
-Both drivers return (our hello, the peer's hello) once the link is agreed, or raise
+Both drivers return an `Agreement` (both hellos, and the link's `SecureChannel` as this side
+holds it) once the link is agreed, or raise
 `PeerRefused` (`by_peer` says which side refused; a refusal of ours has been sent to the
 peer) or `DialFailed` (the connection broke, or the peer spoke out of turn). Timeouts are
 the caller's: it bounds the whole handshake.
@@ -18,16 +19,28 @@ from trexo import safe_json, wire
 from trexo.errors import DialFailed, PeerRefused, WireError
 from trexo.net import handshake as hs
 from trexo.net.gossip import PeerInfo
+from trexo.net.secure_channel import EphemeralKey, SecureChannel
 from trexo.safe_json import bounded
 
 M = TypeVar("M", hs.Hello, hs.Proof, hs.Ready)
 
 
+@attrs.frozen
+class Agreement:
+    """A handshake's outcome, as one side sees it."""
+
+    ours: hs.Hello
+    theirs: hs.Hello
+    channel: SecureChannel
+    """Seals what this side sends on the link and opens what it receives."""
+
+
 async def dial_handshake(
     ws: WebSocketConnection, me: hs.Identity, peers: tuple[PeerInfo, ...]
-) -> tuple[hs.Hello, hs.Hello]:
+) -> Agreement:
     """The dialler's side."""
-    ours = me.hello(peers)
+    key = EphemeralKey()
+    ours = me.hello(peers, key)
     await _send(ws, ours)
     theirs = await _receive(ws, hs.Hello, me)
     refusal = hs.check_hello(me, theirs) or hs.check_proof(
@@ -35,29 +48,36 @@ async def dial_handshake(
     )
     if refusal is not None:
         await _refuse(ws, refusal)
+    keys = hs.link_keys(me.secret, key, ours, theirs, role=hs.DIALER)
+    if isinstance(keys, hs.Refusal):
+        await _refuse(ws, keys)
     await _send(ws, hs.Proof(hs.make_proof(me.secret, hs.DIALER, ours, theirs)))
     await _receive(ws, hs.Ready, me)
-    return ours, theirs
+    return Agreement(ours, theirs, SecureChannel.for_dialer(keys))
 
 
 async def accept_handshake(
     ws: WebSocketConnection, me: hs.Identity, peers: tuple[PeerInfo, ...]
-) -> tuple[hs.Hello, hs.Hello]:
+) -> Agreement:
     """The acceptor's side."""
     theirs = await _receive(ws, hs.Hello, me)
     refusal = hs.check_hello(me, theirs)
     if refusal is not None:
         await _refuse(ws, refusal)
-    ours = me.hello(peers)
-    # The transcript covers ids and nonces, not the proof, so the hello can sign itself.
+    key = EphemeralKey()
+    ours = me.hello(peers, key)
+    # The transcript covers ids, nonces and keys, not the proof, so the hello can sign itself.
     ours = attrs.evolve(ours, proof=hs.make_proof(me.secret, hs.ACCEPTOR, theirs, ours))
+    keys = hs.link_keys(me.secret, key, theirs, ours, role=hs.ACCEPTOR)
+    if isinstance(keys, hs.Refusal):
+        await _refuse(ws, keys)
     await _send(ws, ours)
     proof = await _receive(ws, hs.Proof, me)
     refusal = hs.check_proof(me.secret, hs.DIALER, theirs, ours, proof.proof)
     if refusal is not None:
         await _refuse(ws, refusal)
     await _send(ws, hs.Ready())
-    return ours, theirs
+    return Agreement(ours, theirs, SecureChannel.for_acceptor(keys))
 
 
 async def _send(ws: WebSocketConnection, message: hs.HandshakeMessage) -> None:

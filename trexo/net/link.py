@@ -1,4 +1,5 @@
-"""One live link to a peer: a handshaken websocket that carries envelopes both ways.
+"""One live link to a peer: a handshaken websocket that carries envelopes both ways, each
+sealed into one binary message by the link's `SecureChannel` (agreed by the handshake).
 
 A `Link` is the router's `PeerLink`. Its `run` reads (and hands each envelope to the
 router), pings the peer on a heartbeat, and returns when the link is over: the peer closed
@@ -12,6 +13,12 @@ reading (after its buffer of `SUBSCRIBER_BUFFER`) stalls this link, then trio-we
 queue, and then its pong replies, so the link closes on heartbeats. Pings share the socket
 with messages: a message must be sendable well within `heartbeat_timeout` (16 MiB is ~0.13 s
 at 1 Gbit/s).
+
+A message that does not open (tampered with, replayed, reordered, or not sealed at all) ends
+the link at once, with `CLOSE_TAMPERED`: its counters can no longer agree with the peer's.
+The peers link again as after any lost link. A message that opens but does not decode is
+dropped, and counts as garbage. Websocket control frames (pings, pongs, the close frame) are
+not sealed: they carry a ping counter and a close code and reason, nothing of the cluster's.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ import trio
 from trio_websocket import ConnectionClosed, Endpoint, WebSocketConnection
 
 from trexo.config import TransportConfig
-from trexo.errors import WireError
+from trexo.errors import SecureChannelError, WireError
 from trexo.net.codec import decode_message, encode_envelope, encode_peer_list
 from trexo.net.duplicates import LinkKey
 from trexo.net.garbage import GarbageMeter
 from trexo.net.gossip import PeerInfo, PeerList
 from trexo.net.router import Envelope
+from trexo.net.secure_channel import SecureChannel
 from trexo.types.ids import NodeId
 
 log = logging.getLogger(__name__)
@@ -47,6 +55,8 @@ CLOSE_UNRESPONSIVE = 4002
 """The peer stopped answering pings, or a send to it blocked too long."""
 CLOSE_REFUSED = 4003
 """The handshake refused the link; the refusal message said why."""
+CLOSE_TAMPERED = 4004
+"""A message failed to open (tampered with, replayed, reordered, unsealed)."""
 
 MAX_CLOSE_REASON = 120
 """A close frame's reason must fit its 125-byte payload with the 2-byte code."""
@@ -69,6 +79,7 @@ class Link:
     def __init__(
         self,
         ws: WebSocketConnection,
+        channel: SecureChannel,
         *,
         local_id: NodeId,
         info: PeerInfo,
@@ -82,6 +93,7 @@ class Link:
         self.address = address
         """The remote end of the connection, for log lines."""
         self._ws = ws
+        self._channel = channel
         self._local_id = local_id
         self._config = config
         self._send_lock = trio.Lock()
@@ -132,15 +144,27 @@ class Link:
         if self._end is not None:
             raise trio.ClosedResourceError(f"link to {self.peer_id} is closed")
         timeout = self._config.send_timeout
-        # The lock keeps senders whole-message apart; the timeout covers waiting for it, so
-        # a peer that stopped reading cannot block the router for longer than `send_timeout`.
-        with trio.move_on_after(timeout):
+        deadline = trio.current_time() + timeout
+        sent = False
+        # The lock keeps senders whole-message apart, and seals messages in the order they go
+        # out; the deadline covers waiting for it, so a peer that stopped reading cannot block
+        # the router for longer than `send_timeout`.
+        with trio.CancelScope(deadline=deadline):
             async with self._send_lock:
-                try:
-                    await self._ws.send_message(text)
-                except ConnectionClosed:
-                    raise trio.BrokenResourceError(f"link to {self.peer_id} closed") from None
-                return
+                if self._end is not None:
+                    raise trio.ClosedResourceError(f"link to {self.peer_id} is closed")
+                sealed = self._channel.sealer.seal(text.encode())
+                # Once sealed, the message must go out (or the link end): a message sealed
+                # and never sent would make every later one fail to open at the peer. So a
+                # cancelled sender waits for it, within the same deadline.
+                with trio.CancelScope(deadline=deadline, shield=True):
+                    try:
+                        await self._ws.send_message(sealed)
+                    except ConnectionClosed:
+                        raise trio.BrokenResourceError(f"link to {self.peer_id} closed") from None
+                    sent = True
+        if sent:
+            return
         self.close(f"a send blocked for {timeout:g}s", CLOSE_UNRESPONSIVE)
         raise trio.BrokenResourceError(f"link to {self.peer_id} is stuck")
 
@@ -170,15 +194,26 @@ class Link:
             await self._ws.aclose(self._close_code, reason)
 
     async def _read(self, on_envelope: OnEnvelope, on_peer_list: OnPeerList) -> None:
+        opener = self._channel.opener
         while True:
             try:
                 message = await self._ws.get_message()
             except ConnectionClosed as exc:
                 self._peer_closed(exc)
                 return
+            if isinstance(message, str):
+                self._tampered(f"an unsealed text message ({len(message)} characters)")
+                return
+            try:
+                # Every message is opened, even one too large to decode: each advances the
+                # counter the next one is checked against.
+                plaintext = opener.open(message)
+            except SecureChannelError as exc:
+                self._tampered(str(exc))
+                return
             try:
                 item = decode_message(
-                    message, sender=self.peer_id, max_bytes=self._config.max_message_bytes
+                    plaintext, sender=self.peer_id, max_bytes=self._config.max_message_bytes
                 )
             except WireError as exc:
                 log.warning(
@@ -199,6 +234,10 @@ class Link:
                 on_peer_list(self, item)
             else:
                 await on_envelope(item)
+
+    def _tampered(self, problem: str) -> None:
+        log.warning("closing the link to peer %s (%s): %s", self.peer_id, self.address, problem)
+        self.close(f"a message failed to open: {problem}", CLOSE_TAMPERED)
 
     def _peer_closed(self, exc: ConnectionClosed) -> None:
         if self._end is not None:

@@ -1,10 +1,11 @@
 """The transport: this node's peer links over websockets, plugged under the router.
 
 `Transport.run` listens on the peer port; `connect` dials. Every connection, either way,
-goes through the handshake (`handshake_io`), then becomes a `Link` that the router routes
-through, and lives as a task of the transport's own nursery until it ends. On every change
-of the set of links the transport gossips its peers to each of them, and dials the peers it
-hears of (`gossip.should_dial`), so the links grow into a full mesh.
+goes through the handshake (`handshake_io`), which agrees the link's encryption, then
+becomes a `Link` (every message sealed) that the router routes through, and lives as a
+task of the transport's own nursery until it ends. On every change of the set of links the
+transport gossips its peers to each of them, and dials the peers it hears of
+(`gossip.should_dial`), so the links grow into a full mesh.
 
 Two connections between the same two nodes (they dialled each other at once) are resolved
 by `duplicates.keep_new`: both ends keep the same one and close the other with
@@ -36,9 +37,10 @@ from trexo.errors import DialFailed, LinkError, PeerRefused
 from trexo.net import handshake as hs
 from trexo.net.duplicates import LinkKey, keep_new
 from trexo.net.gossip import PeerInfo, PeerList, peer_lists, should_dial
-from trexo.net.handshake_io import accept_handshake, dial_handshake
+from trexo.net.handshake_io import Agreement, accept_handshake, dial_handshake
 from trexo.net.link import CLOSE_REFUSED, CLOSE_SUPERSEDED, MAX_CLOSE_REASON, Link
 from trexo.net.router import Router
+from trexo.net.secure_channel import SecureChannel
 from trexo.safe_json import bounded, excerpt
 from trexo.types.ids import NodeId
 
@@ -157,12 +159,14 @@ class Transport:
             # The websocket's reader runs in this nursery: the connection dies with this task.
             async with trio.open_nursery() as connection:
                 try:
-                    ws, ours, theirs = await self._dial_handshake(connection, host, port)
+                    ws, agreed = await self._dial_handshake(connection, host, port)
                 except LinkError as exc:
                     failure = exc
                 else:
+                    theirs = agreed.theirs
                     info = PeerInfo(theirs.node_id, _host(ws.remote, host), theirs.port)
-                    link = self._link(ws, info, LinkKey(self.node_id, ours.nonce), address)
+                    key = LinkKey(self.node_id, agreed.ours.nonce)
+                    link = self._link(ws, agreed.channel, info, key, address)
                     await self._serve(link, theirs.peers, started)
                 connection.cancel_scope.cancel()
         except* ConnectionRejected as group:
@@ -176,7 +180,7 @@ class Transport:
 
     async def _dial_handshake(
         self, nursery: trio.Nursery, host: str, port: int
-    ) -> tuple[WebSocketConnection, hs.Hello, hs.Hello]:
+    ) -> tuple[WebSocketConnection, Agreement]:
         """TCP connect, websocket upgrade and handshake, within `handshake_timeout`.
         On failure or cancellation the connection is closed."""
         cfg = self.config
@@ -199,8 +203,8 @@ class Transport:
                     message_queue_size=cfg.message_queue,
                     max_message_size=cfg.hard_message_bytes,
                 )
-                ours, theirs = await dial_handshake(ws, self._identity(), self._peer_infos())
-                return ws, ours, theirs
+                agreed = await dial_handshake(ws, self._identity(), self._peer_infos())
+                return ws, agreed
         except BaseException as exc:
             reason = str(exc) if isinstance(exc, LinkError) else "handshake failed"
             await _abandon(ws, stream, cfg.close_timeout, reason=reason)
@@ -250,7 +254,7 @@ class Transport:
                     await request.reject(WRONG_PATH_STATUS, body=WRONG_PATH_BODY)
                     return
                 ws = await request.accept()
-                _ours, theirs = await accept_handshake(ws, self._identity(), self._peer_infos())
+                agreed = await accept_handshake(ws, self._identity(), self._peer_infos())
         except trio.TooSlowError:
             timeout = cfg.handshake_timeout
             log.info("closed connection from %s: no handshake within %gs", address, timeout)
@@ -263,15 +267,29 @@ class Transport:
         except ConnectionClosed:
             log.debug("connection from %s closed before the handshake", address)
             return
+        theirs = agreed.theirs
         info = PeerInfo(theirs.node_id, _host(ws.remote, address), theirs.port)
-        link = self._link(ws, info, LinkKey(theirs.node_id, theirs.nonce), address)
+        link = self._link(ws, agreed.channel, info, LinkKey(theirs.node_id, theirs.nonce), address)
         await self._serve(link, theirs.peers, _StartedFlag(trio.TASK_STATUS_IGNORED))
 
     # --- links -------------------------------------------------------------------------------
 
-    def _link(self, ws: WebSocketConnection, info: PeerInfo, key: LinkKey, address: str) -> Link:
+    def _link(
+        self,
+        ws: WebSocketConnection,
+        channel: SecureChannel,
+        info: PeerInfo,
+        key: LinkKey,
+        address: str,
+    ) -> Link:
         return Link(
-            ws, local_id=self.node_id, info=info, key=key, address=address, config=self.config
+            ws,
+            channel,
+            local_id=self.node_id,
+            info=info,
+            key=key,
+            address=address,
+            config=self.config,
         )
 
     async def _serve(
