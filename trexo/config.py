@@ -334,6 +334,14 @@ API_ACCEPT_RETRY_S = 0.1
 """Out of file descriptors, `accept` is retried after this pause (the client waits queued)."""
 API_CORS_MAX_AGE_S = 600
 """How long a browser may cache a CORS preflight answer."""
+API_MAX_EVENT_STREAMS = 64
+"""`/state/events` streams open at once (each a dashboard tab or a script); more get 503."""
+API_EVENTS_MIN_INTERVAL_S = 0.1
+"""Least time between two `/state/events` events: a burst of changes is sent as its last
+state, so a busy cluster costs a stream at most this rate (a failover still shows at once)."""
+API_EVENTS_RETRY_MS = 1000
+"""The SSE `retry:` a `/state/events` stream asks of browsers: how soon an `EventSource`
+reconnects after losing it (their default is about 3 s)."""
 
 
 @attrs.frozen
@@ -356,6 +364,9 @@ class ApiConfig:
     ollama_port: int | None = None
     """A second listener of the same API on `host`, for Ollama clients (`OLLAMA_PORT`);
     None: none; 0 picks a free port. Both listeners share `max_connections`."""
+    max_event_streams: int = API_MAX_EVENT_STREAMS
+    events_min_interval: float = API_EVENTS_MIN_INTERVAL_S
+    events_retry_ms: int = API_EVENTS_RETRY_MS
 
 
 # --- peer transport --------------------------------------------------------------------------
