@@ -89,3 +89,22 @@ def wait_until(
     )
     result: T = waiting.until(check, message=f"not within {timeout} s: {what}")
     return result
+
+
+def css(root: Any, selector: str) -> list[Any]:
+    """What `selector` finds under `root`: the page (a driver) or an element."""
+    from selenium.webdriver.common.by import By
+
+    return list(root.find_elements(By.CSS_SELECTOR, selector))
+
+
+def click(driver: Any, what: str, selector: str) -> None:
+    """Click the first element `selector` finds, once it is there and enabled."""
+
+    def clicked(driver: Any) -> bool:
+        found = [e for e in css(driver, selector) if e.is_enabled()]
+        if found:
+            found[0].click()
+        return bool(found)
+
+    wait_until(driver, what, clicked)

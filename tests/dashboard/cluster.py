@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +21,7 @@ import psutil
 
 from tests.e2e.cluster import free_port
 from tests.e2e.harness import RUNNER_MODULE
-from tests.e2e.shared_node import launch, stop_process, wait_ready_url
+from tests.e2e.shared_node import launch, stop_processes, wait_ready_url
 
 T = TypeVar("T")
 
@@ -83,27 +83,24 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_TIM
 def shared_cluster(
     root: Path, size: int, *args: str, env: dict[str, str] | None = None
 ) -> Iterator[list[ClusterNode]]:
-    """`size` nodes (`trexo run ARGS`), the first started first so that it is the master,
-    the others linked to it; yielded once every node sees them all in one session."""
+    """`size` nodes (`trexo run ARGS`) started at once, the first one the master
+    (`--force-master`), the others linked to it; yielded once every node sees them all in
+    one session."""
     nodes: list[ClusterNode] = []
-    with ExitStack() as stack:
+    try:
         seed_port = free_port()
         for i in range(size):
             port = seed_port if i == 0 else free_port()
-            peers = ("--peer", f"127.0.0.1:{seed_port}") if i else ()
+            role = ("--force-master",) if i == 0 else ("--peer", f"127.0.0.1:{seed_port}")
             data_dir = root / f"n{i}"
-            process = launch(data_dir, "--peer-port", str(port), *peers, *args, env=env)
-            stack.callback(stop_process, process)
-            if i == 0:  # alone first: it elects itself, and the others join its session
-                nodes.append(
-                    ClusterNode("n0", data_dir, process, wait_ready_url(process, data_dir))
-                )
-            else:
-                nodes.append(ClusterNode(f"n{i}", data_dir, process, ""))
-        for node in nodes[1:]:
+            process = launch(data_dir, "--peer-port", str(port), *role, *args, env=env)
+            nodes.append(ClusterNode(f"n{i}", data_dir, process, ""))
+        for node in nodes:
             node.url = wait_ready_url(node.process, node.data_dir)
         wait_for("every node in one session", lambda: _converged(nodes))
         yield nodes
+    finally:
+        stop_processes([node.process for node in nodes])
 
 
 def _converged(nodes: list[ClusterNode]) -> bool:

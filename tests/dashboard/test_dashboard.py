@@ -23,7 +23,7 @@ import pytest
 
 from trexo.runner.hooks import HOOKS_ENV
 
-from .browser import console_errors, headless_chromium, wait_until
+from .browser import click, console_errors, css, headless_chromium, wait_until
 from .cluster import ClusterNode, shared_cluster, wait_for
 
 CHAT_MODEL = "trexo-demo-tiny"
@@ -61,24 +61,6 @@ def browser() -> Iterator[Any]:
 
 def model_ready(node: ClusterNode, model_id: str) -> bool:
     return any(m["id"] == model_id and m["ready"] for m in node.get("/v1/models")["data"])
-
-
-def css(driver: Any, selector: str) -> list[Any]:
-    from selenium.webdriver.common.by import By
-
-    return list(driver.find_elements(By.CSS_SELECTOR, selector))
-
-
-def click(driver: Any, what: str, selector: str) -> None:
-    """Click the first element `selector` finds, once it is there and enabled."""
-
-    def clicked(driver: Any) -> bool:
-        found = [e for e in css(driver, selector) if e.is_enabled()]
-        if found:
-            found[0].click()
-        return bool(found)
-
-    wait_until(driver, what, clicked)
 
 
 def choose(driver: Any, selector: str, value: str) -> None:

@@ -33,6 +33,10 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 
+function button(text, onClick, props = {}) {
+  return el("button", { type: "button", text, on: { click: onClick }, ...props });
+}
+
 function svg(tag, attributes = {}, text = null) {
   const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
   for (const [key, value] of Object.entries(attributes)) node.setAttribute(key, value);
@@ -67,8 +71,8 @@ function colour(nodeId) {
   return PALETTE[hash % PALETTE.length];
 }
 
-function nodeLabel(nodeId) {
-  const node = current?.state.nodes[nodeId];
+function nodeLabel(nodeId, state = current?.state) {
+  const node = state?.nodes[nodeId];
   if (!node) return short(nodeId);
   const port = node.api_url ? new URL(node.api_url).port : "";
   return port ? `${node.hostname}:${port}` : `${node.hostname} ${short(nodeId)}`;
@@ -95,7 +99,7 @@ async function readJson(response) {
 function message(text, kind) {
   const box = $("messages");
   const item = el("div", { class: `message ${kind}`, data: { kind } }, el("span", { text }),
-    el("button", { type: "button", text: "×", "aria-label": "dismiss", on: { click: () => item.remove() } }));
+    button("×", () => item.remove(), { "aria-label": "dismiss" }));
   box.prepend(item);
   while (box.children.length > MAX_MESSAGES) box.lastChild.remove();
   if (kind === "info") setTimeout(() => item.remove(), NOTE_MS);
@@ -166,7 +170,8 @@ function nodeCard(state, id, isMaster, isSelf) {
     const instance = state.instances[runner.instance_id];
     const rank = instance?.assignments.find((a) => a.runner_id === runner.runner_id)?.shard;
     const part = rank && rank.world_size > 1 ? ` · rank ${rank.rank} of ${rank.world_size}` : "";
-    return el("li", { text: `${instance?.model.model_id ?? short(runner.instance_id)}${part} · ${runnerText(runner.status)}` });
+    const model = instance?.model.model_id ?? short(runner.instance_id);
+    return el("li", { text: `${model}${part} · ${runnerText(runner.status)}` });
   });
   const downloads = Object.values(state.downloads[id] ?? {}).filter((d) => d.phase !== "done")
     .map((d) => el("li", { text: `${d.model_id}: ${downloadText(d)}` }));
@@ -203,7 +208,8 @@ function drawTopology(event) {
   for (const id of ids) {
     const [x, y] = at.get(id);
     const isMaster = id === session?.master_id;
-    parts.push(svg("circle", { class: isMaster ? "dot master" : "dot", cx: x, cy: y, r: 18, fill: colour(id), "data-node-id": id }));
+    const dot = { class: isMaster ? "dot master" : "dot", cx: x, cy: y, r: 18, fill: colour(id), "data-node-id": id };
+    parts.push(svg("circle", dot));
     parts.push(svg("text", { x, y: y + 32, class: "label" }, nodeLabel(id)));
     if (isMaster) parts.push(svg("text", { x, y: y + 4, class: "crown" }, "M"));
   }
@@ -224,10 +230,12 @@ function recordChanges(previous, event) {
   if (now) lastMaster = { id: now.master_id, label: nodeLabel(now.master_id) };
   if (previous !== null) {
     const [old, cur] = [previous.state, event.state];
-    for (const id of Object.keys(cur.nodes)) if (!old.nodes[id]) lines.push(`node ${nodeLabel(id)} joined`);
-    for (const [id, node] of Object.entries(old.nodes)) if (!cur.nodes[id]) lines.push(`node ${node.hostname} ${short(id)} left`);
-    for (const [id, i] of Object.entries(cur.instances)) if (!old.instances[id]) lines.push(`instance ${short(id)} of ${i.model.model_id} placed`);
-    for (const [id, i] of Object.entries(old.instances)) if (!cur.instances[id]) lines.push(`instance ${short(id)} of ${i.model.model_id} deleted`);
+    const added = (now, then) => Object.keys(now).filter((id) => !(id in then));
+    for (const id of added(cur.nodes, old.nodes)) lines.push(`node ${nodeLabel(id)} joined`);
+    for (const id of added(old.nodes, cur.nodes)) lines.push(`node ${nodeLabel(id, old)} left`);
+    const instance = (id, i) => `instance ${short(id)} of ${i.model.model_id}`;
+    for (const id of added(cur.instances, old.instances)) lines.push(`${instance(id, cur.instances[id])} placed`);
+    for (const id of added(old.instances, cur.instances)) lines.push(`${instance(id, old.instances[id])} deleted`);
     for (const [id, r] of Object.entries(cur.runners)) {
       if (r.status.type === "RunnerFailed" && old.runners[id]?.status.type !== "RunnerFailed") {
         lines.push(`runner ${short(id)} on ${nodeLabel(r.node_id)} failed: ${r.status.cause}`);
@@ -246,12 +254,17 @@ function ranked(instance) {
   return [...instance.assignments].sort((a, b) => a.shard.rank - b.shard.rank);
 }
 
+// An instance that cannot serve is as far as its least advanced runner.
+const WAITING = {
+  RunnerIdle: "starting", RunnerDownloading: "downloading", RunnerLoading: "loading",
+  RunnerFailed: "failed", RunnerStopped: "stopped",
+};
+
 function instanceStatus(state, instance, availability) {
   const statuses = ranked(instance).map((a) => state.runners[a.runner_id]?.status ?? { type: "RunnerIdle" });
   if (availability?.serving) return statuses.some((s) => s.type === "RunnerRunning") ? "running" : "ready";
-  const names = { RunnerIdle: "starting", RunnerDownloading: "downloading", RunnerLoading: "loading", RunnerFailed: "failed", RunnerStopped: "stopped" };
-  const waiting = statuses.find((s) => s.type in names);
-  return waiting ? names[waiting.type] : "starting";
+  const waiting = statuses.find((s) => s.type in WAITING);
+  return waiting ? WAITING[waiting.type] : "starting";
 }
 
 function downloadText(d) {
@@ -288,9 +301,10 @@ function runnerProgress(state, assignment, instance) {
 
 function renderInstances(event) {
   const { state, availability } = event;
-  const labels = Object.keys(state.nodes).map(nodeLabel);
+  const labels = Object.keys(state.nodes).map((id) => nodeLabel(id));
   update($("instances"), [state.instances, state.runners, state.downloads, availability, labels], () => {
-    const instances = Object.values(state.instances).sort((a, b) => a.model.model_id.localeCompare(b.model.model_id) || a.instance_id.localeCompare(b.instance_id));
+    const order = (a, b) => a.model.model_id.localeCompare(b.model.model_id) || a.instance_id.localeCompare(b.instance_id);
+    const instances = Object.values(state.instances).sort(order);
     if (!instances.length) return [el("p", { class: "empty", text: "No instance is placed." })];
     return instances.map((instance) => instanceCard(state, instance, availability[instance.instance_id]));
   });
@@ -299,7 +313,7 @@ function renderInstances(event) {
 function instanceCard(state, instance, availability) {
   const status = instanceStatus(state, instance, availability);
   const reason = availability?.reason ?? "";
-  const remove = el("button", { type: "button", class: "delete", text: "Delete", on: { click: () => deleteInstance(instance) } });
+  const remove = button("Delete", () => deleteInstance(instance), { class: "delete" });
   return el("div", { class: "instance", data: { instanceId: instance.instance_id, model: instance.model.model_id, status } },
     el("div", { class: "instance-head" }, el("strong", { text: instance.model.model_id }),
       el("span", { class: "id", text: short(instance.instance_id) }),
@@ -328,8 +342,10 @@ function placementPicture(state, instance) {
       track.append(bar);
     }
     const status = state.runners[assignment.runner_id]?.status ?? { type: "RunnerIdle" };
-    return el("div", { class: "rank", data: { nodeId: assignment.node_id, start: String(shard.start_layer ?? 0), end: String(shard.end_layer ?? layers ?? "") } },
-      el("span", { class: "who", text: `${shard.world_size > 1 ? `rank ${shard.rank} · ` : ""}${nodeLabel(assignment.node_id)}` }),
+    const bounds = { start: String(shard.start_layer ?? 0), end: String(shard.end_layer ?? layers ?? "") };
+    const rank = shard.world_size > 1 ? `rank ${shard.rank} · ` : "";
+    return el("div", { class: "rank", data: { nodeId: assignment.node_id, ...bounds } },
+      el("span", { class: "who", text: `${rank}${nodeLabel(assignment.node_id)}` }),
       track, el("span", { class: "runner-status", text: runnerText(status) }));
   });
   return el("div", { class: "placement", title: "which node holds which layers" }, ...rows);
@@ -386,14 +402,14 @@ function renderCatalog() {
     el("td", { text: m.size_bytes ? formatBytes(m.size_bytes) : "?" }),
     el("td", { text: m.downloaded ? "downloaded" : "" }),
     el("td", { text: m.ready ? "ready" : m.placed ? "placed" : "" }),
-    el("td", {}, el("button", { type: "button", class: "place", text: "Place…", on: { click: () => showPreviews(m.id) } })))));
+    el("td", {}, button("Place…", () => showPreviews(m.id), { class: "place" })))));
 }
 
 async function showPreviews(modelId) {
   try {
     const result = await api("GET", `/instances/previews?model=${encodeURIComponent(modelId)}`);
-    const auto = el("button", { type: "button", class: "preview", data: { sharding: "auto", nodeIds: "" }, text: "Let the master choose",
-      on: { click: () => place({ model: result.model }) } });
+    const auto = button("Let the master choose", () => place({ model: result.model }),
+      { class: "preview", data: { sharding: "auto", nodeIds: "" } });
     $("preview-model").textContent = result.model;
     $("preview-list").replaceChildren(el("li", {}, auto), ...result.previews.map((p) => previewItem(result.model, p)));
     $("previews").hidden = false;
@@ -403,15 +419,19 @@ async function showPreviews(modelId) {
 }
 
 function previewItem(model, preview) {
-  const nodes = preview.node_ids.map(nodeLabel).join(", ");
+  const nodes = preview.node_ids.map((id) => nodeLabel(id)).join(", ");
   const what = preview.sharding === "whole" ? `whole on ${nodes}` : `${preview.sharding} over ${nodes}`;
-  const ranks = preview.ranks.map((r) => (r.start_layer === null ? "" : `layers ${r.start_layer}–${r.end_layer - 1} on ${nodeLabel(r.node_id)}: `)
-    + `${formatBytes(r.memory_needed)} of ${formatBytes(r.memory_free)} free`).join("; ");
-  const body = preview.sharding === "whole" ? { model, node_ids: preview.node_ids } : { model, sharding: preview.sharding, node_ids: preview.node_ids };
-  const button = el("button", { type: "button", class: "preview", data: { sharding: preview.sharding, nodeIds: preview.node_ids.join(",") },
-    text: what, on: { click: () => place(body) } });
-  button.disabled = !preview.feasible;
-  return el("li", { class: preview.feasible ? "feasible" : "infeasible" }, button, " ",
+  const ranks = preview.ranks.map((r) => {
+    const layers = r.start_layer === null ? "" : `layers ${r.start_layer}–${r.end_layer - 1} on ${nodeLabel(r.node_id)}: `;
+    return `${layers}${formatBytes(r.memory_needed)} of ${formatBytes(r.memory_free)} free`;
+  }).join("; ");
+  // "whole" is what POST /instances does with one node; the splits name their sharding.
+  const split = preview.sharding === "whole" ? {} : { sharding: preview.sharding };
+  const body = { model, ...split, node_ids: preview.node_ids };
+  const choice = button(what, () => place(body),
+    { class: "preview", data: { sharding: preview.sharding, nodeIds: preview.node_ids.join(",") } });
+  choice.disabled = !preview.feasible;
+  return el("li", { class: preview.feasible ? "feasible" : "infeasible" }, choice, " ",
     el("span", { class: "detail", text: preview.feasible ? ranks : preview.error }));
 }
 
@@ -476,7 +496,10 @@ async function send(submit) {
 async function stream(model, answer) {
   const body = { model, messages: conversation, stream: true, max_tokens: Number($("chat-max-tokens").value) || undefined };
   const response = await fetch("/v1/chat/completions", {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal: chat.controller.signal,
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+    signal: chat.controller.signal,
   });
   if (!response.ok) await readJson(response); // throws the API's message
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
