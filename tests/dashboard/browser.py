@@ -91,6 +91,21 @@ def wait_until(
     return result
 
 
+SHOWN_JS = """
+const [selector, names] = arguments;
+return [...document.querySelectorAll(selector)].map((e) => Object.fromEntries(
+  [["text", e.innerText ?? e.textContent], ...names.map((n) => [n, e.dataset[n] ?? null])]));
+"""
+
+
+def shown(driver: Any, selector: str, *data: str) -> list[dict[str, str | None]]:
+    """What `selector` finds on the page, each as its `text` and the `data-` attributes
+    named (`nodeId` for `data-node-id`), read in one go: the page rebuilds what changed on
+    every event, so an element found in one call may be gone in the next."""
+    found: list[dict[str, str | None]] = driver.execute_script(SHOWN_JS, selector, list(data))
+    return found
+
+
 def css(root: Any, selector: str) -> list[Any]:
     """What `selector` finds under `root`: the page (a driver) or an element."""
     from selenium.webdriver.common.by import By

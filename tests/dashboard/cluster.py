@@ -83,17 +83,17 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_TIM
 def shared_cluster(
     root: Path, size: int, *args: str, env: dict[str, str] | None = None
 ) -> Iterator[list[ClusterNode]]:
-    """`size` nodes (`trexo run ARGS`) started at once, the first one the master
-    (`--force-master`), the others linked to it; yielded once every node sees them all in
-    one session."""
+    """`size` nodes (`trexo run ARGS`) started at once, each linked to the first (they
+    find the rest through it); yielded once every node sees them all in one session, under
+    whichever master they elected."""
     nodes: list[ClusterNode] = []
     try:
         seed_port = free_port()
         for i in range(size):
             port = seed_port if i == 0 else free_port()
-            role = ("--force-master",) if i == 0 else ("--peer", f"127.0.0.1:{seed_port}")
+            seed = ("--peer", f"127.0.0.1:{seed_port}") if i else ()
             data_dir = root / f"n{i}"
-            process = launch(data_dir, "--peer-port", str(port), *role, *args, env=env)
+            process = launch(data_dir, "--peer-port", str(port), *seed, *args, env=env)
             nodes.append(ClusterNode(f"n{i}", data_dir, process, ""))
         for node in nodes:
             node.url = wait_ready_url(node.process, node.data_dir)

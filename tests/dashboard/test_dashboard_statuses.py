@@ -25,7 +25,7 @@ from trexo.types.runner_status import (
 )
 from trexo.types.state import Instance, RunnerAssignment, RunnerRecord, State
 
-from .browser import click, console_errors, css, find_executables, headless_chromium, wait_until
+from .browser import click, console_errors, find_executables, headless_chromium, shown, wait_until
 
 STATUSES: dict[str, RunnerStatus] = {
     "loading": RunnerLoading(0.4),
@@ -56,14 +56,12 @@ async def test_every_status_live_and_an_api_error_as_a_message(nursery: trio.Nur
     config = ApiConfig(port=0)
     url = await nursery.start(ApiServer(create_app(node, config), config).run)
 
-    def shown_statuses(driver: Any) -> dict[str, str]:
-        cards = css(driver, ".instance")
-        return {
-            str(c.get_attribute("data-instance-id")): c.get_attribute("data-status") for c in cards
-        }
+    def shown_statuses(driver: Any) -> dict[str, str | None]:
+        cards = shown(driver, ".instance", "instanceId", "status")
+        return {str(card["instanceId"]): card["status"] for card in cards}
 
     def card_text(driver: Any, name: str) -> str:
-        return str(css(driver, f'.instance[data-instance-id="inst-{name}"]')[0].text)
+        return str(shown(driver, f'.instance[data-instance-id="inst-{name}"]')[0]["text"])
 
     def drive() -> None:  # in a thread: Selenium blocks, and the API runs in this trio run
         with headless_chromium() as driver:
@@ -73,7 +71,9 @@ async def test_every_status_live_and_an_api_error_as_a_message(nursery: trio.Nur
             assert "loading 40%" in card_text(driver, "loading")
             assert "41% of 100 B" in card_text(driver, "downloading")
             assert "failed: exit code 1 (out of memory?)" in card_text(driver, "failed")
-            assert "41% of 100 B" in css(driver, f'.node[data-node-id="{NODE_ID}"]')[0].text
+            assert "41% of 100 B" in str(
+                shown(driver, f'.node[data-node-id="{NODE_ID}"]')[0]["text"]
+            )
 
             # Live: the loading runner becomes ready, and the page follows.
             ready = {**STATUSES, "loading": RunnerReady()}
@@ -91,9 +91,11 @@ async def test_every_status_live_and_an_api_error_as_a_message(nursery: trio.Nur
                 driver, "Place… of the too big model", f'tr[data-model="{TOO_BIG.model_id}"] .place'
             )
             click(driver, "Let the master choose", '#preview-list button[data-sharding="auto"]')
-            error = wait_until(driver, "the error", lambda d: css(d, '.message[data-kind="error"]'))
-            assert f"placing {TOO_BIG.model_id}: " in error[0].text
-            assert "needs more memory than the cluster has" in error[0].text
+            [error] = wait_until(
+                driver, "the error", lambda d: shown(d, '.message[data-kind="error"]')
+            )
+            assert f"placing {TOO_BIG.model_id}: " in str(error["text"])
+            assert "needs more memory than the cluster has" in str(error["text"])
             # The browser logs the refused request itself; nothing else went wrong.
             errors = console_errors(driver)
             assert [("400" in e["message"], e["source"]) for e in errors] == [(True, "network")], (
