@@ -379,8 +379,10 @@ DEFAULT_NAMESPACE = "trexo"
 """Nodes link only to nodes of the same namespace: several clusters can share a LAN."""
 CLUSTER_SECRET_ENV = "TREXO_CLUSTER_SECRET"
 """Environment variable holding the cluster secret (the CLI's `--cluster-secret` wins)."""
-PROTOCOL_VERSION = 1
-"""Version of the peer protocol (handshake and envelopes); peers must agree exactly."""
+PROTOCOL_VERSION = 2
+"""Version of the peer protocol (handshake, envelopes and their payloads); peers must agree
+exactly. 2: a node's report lists its links (`NodeInfo.peers`), which version 1's strict
+decoder would drop as an unknown field."""
 HEARTBEAT_INTERVAL_S = 0.4
 """A link pings its peer this often (measured from ping to ping)."""
 HEARTBEAT_TIMEOUT_S = 0.4

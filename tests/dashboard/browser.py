@@ -6,6 +6,7 @@ nothing is downloaded at test time. Where either is missing, the tests skip and 
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -78,6 +79,7 @@ def wait_until(
     from selenium.common.exceptions import (
         NoSuchElementException,
         StaleElementReferenceException,
+        TimeoutException,
     )
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -87,7 +89,11 @@ def wait_until(
         poll_frequency=0.05,
         ignored_exceptions=(StaleElementReferenceException, NoSuchElementException),
     )
-    result: T = waiting.until(check, message=f"not within {timeout} s: {what}")
+    try:
+        result: T = waiting.until(check)
+    except TimeoutException:
+        console = json.dumps(driver.get_log("browser"), indent=1)
+        raise TimeoutException(f"not within {timeout} s: {what}; the console: {console}") from None
     return result
 
 

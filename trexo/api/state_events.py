@@ -21,7 +21,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
 import trio
 
 from trexo.api.errors import SERVER_ERROR, ApiError
@@ -56,38 +55,13 @@ def cluster_event(node_id: NodeId, session: Session | None, state: State) -> dic
     }
 
 
-@attrs.frozen
-class EventStreamSettings:
-    keepalive_interval: float
-    min_interval: float
-    stalled_client_timeout: float
-    retry_ms: int
-    """The SSE `retry:` field: how soon a browser reconnects a lost stream."""
-    refused_retry_after: float
-    """The `Retry-After` of a 503 when every place is taken."""
-
-    @classmethod
-    def from_config(cls, config: ApiConfig) -> EventStreamSettings:
-        return cls(
-            config.keepalive_interval,
-            config.events_min_interval,
-            config.stalled_client_timeout,
-            config.events_retry_ms,
-            config.retry_after,
-        )
-
-
 class StateEvents:
     """The `/state/events` streams of one app: each follows `node` for its client."""
 
     def __init__(self, node: NodeHandle, config: ApiConfig) -> None:
         self._node = node
-        self._settings = EventStreamSettings.from_config(config)
+        self._config = config
         self._streams = trio.CapacityLimiter(config.max_event_streams)
-
-    def statistics(self) -> trio.CapacityLimiterStatistics:
-        """`borrowed_tokens`: streams open now; `total_tokens`: the bound."""
-        return self._streams.statistics()
 
     def open(self) -> AsyncIterator[bytes]:
         """Start following the cluster in this request's exchange nursery; returns the body.
@@ -104,7 +78,7 @@ class StateEvents:
                 "node serves at once; retry shortly",
                 type=SERVER_ERROR,
                 code="too_many_event_streams",
-                retry_after_s=self._settings.refused_retry_after,
+                retry_after_s=self._config.retry_after,
             ) from None
         send, receive = trio.open_memory_channel[bytes](0)
         exchange = exchange_nursery()
@@ -115,11 +89,12 @@ class StateEvents:
     async def _follow(
         self, stream: object, send: trio.MemorySendChannel[bytes], exchange: trio.Nursery
     ) -> None:
-        settings = self._settings
+        config = self._config
         node = self._node
         try:
             async with send:
-                if not await self._send(send, f"retry: {settings.retry_ms}\n\n".encode(), exchange):
+                retry = f"retry: {config.events_retry_ms}\n\n".encode()
+                if not await self._send(send, retry, exchange):
                     return
                 sent = b""
                 while True:
@@ -129,8 +104,8 @@ class StateEvents:
                         if not await self._send(send, event, exchange):
                             return
                         sent = event
-                        await trio.sleep(settings.min_interval)  # what changes meanwhile waits
-                    with trio.move_on_after(settings.keepalive_interval) as silence:
+                        await trio.sleep(config.events_min_interval)  # what changes meanwhile waits
+                    with trio.move_on_after(config.keepalive_interval) as silence:
                         await node.wait_cluster_change(session, state)
                     if silence.cancelled_caught and not await self._send(send, KEEPALIVE, exchange):
                         return
@@ -141,7 +116,7 @@ class StateEvents:
         self, send: trio.MemorySendChannel[bytes], data: bytes, exchange: trio.Nursery
     ) -> bool:
         """Hand `data` to the body; False if the client left or stalled (its exchange ends)."""
-        timeout = self._settings.stalled_client_timeout
+        timeout = self._config.stalled_client_timeout
         with trio.move_on_after(timeout):
             return await hand_over(send, data)
         log.info("a /state/events client has not read for %g s; dropping it", timeout)

@@ -65,10 +65,11 @@ function update(container, inputs, build) {
 const short = (id) => id.slice(0, 8);
 const percent = (fraction) => `${Math.round(fraction * 100)}%`;
 
+// Each node keeps the colour it got when this page first saw it (the first 8 differ).
+const colours = new Map();
 function colour(nodeId) {
-  let hash = 0;
-  for (const c of nodeId) hash = (hash * 31 + c.charCodeAt(0)) >>> 0;
-  return PALETTE[hash % PALETTE.length];
+  if (!colours.has(nodeId)) colours.set(nodeId, PALETTE[colours.size % PALETTE.length]);
+  return colours.get(nodeId);
 }
 
 function nodeLabel(nodeId, state = current?.state) {
@@ -519,7 +520,10 @@ async function stream(model, answer) {
         if (chunk.error) throw new Error(chunk.error.message);
         chat.requestId = chunk.id;
         for (const choice of chunk.choices) {
-          if (choice.delta?.content) answer.textContent += choice.delta.content;
+          if (choice.delta?.content) {
+            answer.textContent += choice.delta.content;
+            $("chat-log").scrollTop = $("chat-log").scrollHeight;
+          }
           finish = choice.finish_reason ?? finish;
         }
       }
