@@ -6,6 +6,8 @@ reason; `/health` lists the reasons as the node's problems; `/v1/models` says `r
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
 from trexo.config import API_RETRY_AFTER_S
@@ -19,6 +21,7 @@ from trexo.types.runner_status import (
     RunnerRunning,
     RunnerStopped,
 )
+from trexo.types.session import Session
 from trexo.types.state import Instance, State
 from trexo.units import format_bytes
 
@@ -108,3 +111,14 @@ def problems(state: State) -> list[str]:
                 f"{availability.reason}"
             )
     return found
+
+
+ClusterStatus = Literal["ok", "electing", "degraded"]
+
+
+def cluster_status(session: Session | None, found_problems: list[str]) -> ClusterStatus:
+    """A node's one-word summary (`/health`, `/state/events`): electing while it knows no
+    session, degraded while some instance cannot serve (`problems`), else ok."""
+    if session is None:
+        return "electing"
+    return "degraded" if found_problems else "ok"

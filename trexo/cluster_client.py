@@ -17,7 +17,12 @@ import trio
 
 from trexo.api.admission import PromptBudget
 from trexo.api.handle import ModelListing
-from trexo.availability import instance_availability, model_availability, problems
+from trexo.availability import (
+    cluster_status,
+    instance_availability,
+    model_availability,
+    problems,
+)
 from trexo.config import (
     CANCEL_SEND_TIMEOUT_S,
     COMMAND_RESEND_INITIAL_S,
@@ -142,6 +147,13 @@ class SessionTracker:
             )
             nursery.start_soon(first, session_changed.wait)
 
+    async def wait_change_from(self, session: Session | None, state: State) -> None:
+        """Until the session or the state is no longer `session` / `state`, the ones the
+        caller last looked at: a new session, an election starting, an event applied. (A
+        state is replaced, never changed, on every event: identity tells a change.)"""
+        while self.session == session and self.state() is state:
+            await self.wait_state_change(state.last_index)
+
 
 def stream_failure(failed: StreamFailed) -> ClusterError:
     """The error a failed stream raises, by what kind of failure it was."""
@@ -218,6 +230,12 @@ class ClusterClient:
     def current_state(self) -> State:
         return self._sessions.state()
 
+    def current_session(self) -> Session | None:
+        return self._sessions.session
+
+    async def wait_cluster_change(self, session: Session | None, state: State) -> None:
+        await self._sessions.wait_change_from(session, state)
+
     def health(self) -> dict[str, Any]:
         session = self._sessions.session
         state = self.current_state()
@@ -227,9 +245,8 @@ class ClusterClient:
             if isinstance(r.status, RunnerReady | RunnerRunning)
         ]
         degraded = problems(state)
-        status = "electing" if session is None else "degraded" if degraded else "ok"
         return {
-            "status": status,
+            "status": cluster_status(session, degraded),
             "problems": degraded,
             "node_id": self.node_id,
             "session": None

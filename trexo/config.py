@@ -340,6 +340,14 @@ API_CORS_MAX_AGE_S = 600
 """How long a browser may cache a CORS preflight answer."""
 API_KEY_ENV = "TREXO_API_KEY"
 """Environment variable holding an API key (added to `--api-key` and `--api-key-file`'s)."""
+API_MAX_EVENT_STREAMS = 64
+"""`/state/events` streams open at once (each a dashboard tab or a script); more get 503."""
+API_EVENTS_MIN_INTERVAL_S = 0.1
+"""Least time between two `/state/events` events: a burst of changes is sent as its last
+state, so a busy cluster costs a stream at most this rate (a failover still shows at once)."""
+API_EVENTS_RETRY_MS = 1000
+"""The SSE `retry:` a `/state/events` stream asks of browsers: how soon an `EventSource`
+reconnects after losing it (their default is about 3 s)."""
 
 
 @attrs.frozen
@@ -368,6 +376,9 @@ class ApiConfig:
     tls_cert: Path | None = None
     """With `tls_key`, both listeners serve HTTPS with this certificate chain (PEM)."""
     tls_key: Path | None = None
+    max_event_streams: int = API_MAX_EVENT_STREAMS
+    events_min_interval: float = API_EVENTS_MIN_INTERVAL_S
+    events_retry_ms: int = API_EVENTS_RETRY_MS
 
 
 # --- peer transport --------------------------------------------------------------------------
@@ -381,8 +392,9 @@ DEFAULT_NAMESPACE = "trexo"
 CLUSTER_SECRET_ENV = "TREXO_CLUSTER_SECRET"
 """Environment variable holding the cluster secret (the CLI's `--cluster-secret` wins)."""
 PROTOCOL_VERSION = 2
-"""Version of the peer protocol (handshake and envelopes); peers must agree exactly. 2: links
-are encrypted (`trexo.net.secure_channel`)."""
+"""Version of the peer protocol (handshake, envelopes and their payloads); peers must agree
+exactly. 2: links are encrypted (`trexo.net.secure_channel`), and a node's report lists its
+links (`NodeInfo.peers`), which version 1's strict decoder would drop as an unknown field."""
 HEARTBEAT_INTERVAL_S = 0.4
 """A link pings its peer this often (measured from ping to ping)."""
 HEARTBEAT_TIMEOUT_S = 0.4

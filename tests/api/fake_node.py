@@ -27,6 +27,7 @@ from trexo.types.commands import PlacementSharding
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.models import ModelLayout, ModelRef
+from trexo.types.session import Session
 from trexo.types.state import Instance, NodeInfo, RunnerAssignment, State
 
 DEMO = ModelRef("demo-tiny", "demo:tiny", 3_400_000, layout=ModelLayout(4, 4, 2, 256))
@@ -82,6 +83,8 @@ class FakeNode:
         """Every `place_instance` call that named a known model, in order."""
         self.place_error: ClusterError | None = None
         """Raised by `place_instance` (after recording the call) when set."""
+        self._cluster_changed = trio.Event()
+        self._session: Session | None = Session(1, NODE_ID)
         instance = Instance(
             InstanceId("inst-0"), DEMO, (RunnerAssignment(RunnerId("runner-0"), NODE_ID),)
         )
@@ -91,10 +94,40 @@ class FakeNode:
             last_index=3,
         )
 
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @state.setter
+    def state(self, state: State) -> None:
+        self._state = state
+        self._notify_cluster_changed()
+
+    @property
+    def session(self) -> Session | None:
+        """What `/state/events` reports as the session (`no_session` is what commands see)."""
+        return self._session
+
+    @session.setter
+    def session(self, session: Session | None) -> None:
+        self._session = session
+        self._notify_cluster_changed()
+
+    def _notify_cluster_changed(self) -> None:
+        self._cluster_changed.set()
+        self._cluster_changed = trio.Event()
+
     # --- NodeHandle ---------------------------------------------------------------------------
 
     def current_state(self) -> State:
         return self.state
+
+    def current_session(self) -> Session | None:
+        return self._session
+
+    async def wait_cluster_change(self, session: Session | None, state: State) -> None:
+        while self._session == session and self._state is state:
+            await self._cluster_changed.wait()
 
     def health(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "session": None if self.no_session else "s-1"}

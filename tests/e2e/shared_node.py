@@ -1,6 +1,7 @@
 """One real `trexo run` shared by a test module, for dialect tests that each send a request
 or two: started once (synchronously, outside any test's trio run), stopped and reaped after
-the module, whatever happened."""
+the module, whatever happened. Its pieces (`launch`, `wait_ready_url`, `stop_process`) start
+a module's shared cluster too (`tests.dashboard.cluster`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -35,32 +36,43 @@ class SharedNode:
 @contextmanager
 def shared_node(data_dir: Path, model: str, *args: str) -> Iterator[SharedNode]:
     """`trexo run ARGS` serving `model`, once `model` answers as ready in `/v1/models`."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    stdout_path = data_dir / "stdout.log"
-    command = [sys.executable, "-m", "trexo", "run", "--data-dir", str(data_dir), *ISOLATED, *args]
-    with (data_dir / "node.log").open("ab") as log, stdout_path.open("wb") as stdout:
-        process = subprocess.Popen(command, stdout=stdout, stderr=log, env=dict(os.environ))
+    process = launch(data_dir, *args)
     try:
-        node = SharedNode(_wait_ready(process, stdout_path, model), data_dir, model)
-        yield node
+        url = wait_ready_url(process, data_dir, lambda url: _model_ready(url, model))
+        yield SharedNode(url, data_dir, model)
     finally:
-        _stop(process)
+        stop_process(process)
 
 
-def _wait_ready(process: subprocess.Popen[bytes], stdout_path: Path, model: str) -> str:
+def launch(
+    data_dir: Path, *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `trexo run ARGS` (isolated on loopback; later arguments override), its output
+    in files under `data_dir`. Stop it with `stop_process`."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "trexo", "run", "--data-dir", str(data_dir), *ISOLATED, *args]
+    environment = {**os.environ, **(env or {})}
+    with (data_dir / "node.log").open("ab") as log, (data_dir / "stdout.log").open("wb") as stdout:
+        return subprocess.Popen(command, stdout=stdout, stderr=log, env=environment)
+
+
+def wait_ready_url(
+    process: subprocess.Popen[bytes], data_dir: Path, ready: Callable[[str], bool] = bool
+) -> str:
+    """The API URL of the node `launch` started, once it printed it and `ready(url)` holds."""
     deadline = time.monotonic() + START_TIMEOUT_S
     url = ""
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"trexo exited with {process.returncode}")
         if not url:
-            for line in stdout_path.read_text(errors="replace").splitlines():
+            for line in (data_dir / "stdout.log").read_text(errors="replace").splitlines():
                 if line.startswith("trexo is ready") and (match := URL.search(line)):
                     url = match.group(0)
-        if url and _model_ready(url, model):
+        if url and ready(url):
             return url
         time.sleep(POLL_S)
-    raise TimeoutError(f"{model} was not ready within {START_TIMEOUT_S} s")
+    raise TimeoutError(f"trexo in {data_dir} was not ready within {START_TIMEOUT_S} s")
 
 
 def _model_ready(url: str, model: str) -> bool:
@@ -71,17 +83,29 @@ def _model_ready(url: str, model: str) -> bool:
     return any(entry["id"] == model and entry.get("ready") for entry in listing["data"])
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    leftovers = []
-    with suppress(psutil.NoSuchProcess):
-        leftovers = psutil.Process(process.pid).children(recursive=True)
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """Stop a node `launch` started (SIGTERM, bounded, then SIGKILL) and reap what it left."""
+    stop_processes([process])
+
+
+def stop_processes(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """`stop_process` for several nodes at once: each is signalled before any is waited for,
+    so a cluster stops in the time its slowest node takes, not in the sum of them all."""
+    leftovers: list[psutil.Process] = []
+    for process in processes:
+        with suppress(psutil.NoSuchProcess):
+            leftovers += psutil.Process(process.pid).children(recursive=True)
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for process in processes:
         with suppress(subprocess.TimeoutExpired):
-            process.wait(STOP_TIMEOUT_S)
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+            process.wait(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
     for child in leftovers:
         with suppress(psutil.NoSuchProcess):
             child.kill()

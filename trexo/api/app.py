@@ -24,11 +24,14 @@ from trexo.api.auth import register_auth
 from trexo.api.chat_request import parse_chat_request
 from trexo.api.chat_response import ChunkEncoder, completion_from_chunks
 from trexo.api.cors import CorsPolicy, register_cors
+from trexo.api.dashboard import register_dashboard
 from trexo.api.dialects import dialects
 from trexo.api.errors import ApiError, find_api_error, internal_error
 from trexo.api.exchange import ExchangeHTTPConnection
 from trexo.api.handle import ModelListing, NodeHandle
 from trexo.api.instance_request import parse_place_instance
+from trexo.api.sse import SSE_CONTENT_TYPE, SSE_HEADERS
+from trexo.api.state_events import StateEvents
 from trexo.api.streaming import OPENAI_SSE, StreamSettings
 from trexo.api.text_completion import (
     CompletionEvents,
@@ -181,6 +184,14 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
     async def get_health() -> Response:
         return json_response(node.health())
 
+    state_events = StateEvents(node, config)
+
+    @app.get("/state/events")
+    async def follow_state() -> Response:
+        return app.response_class(
+            state_events.open(), status=200, headers=SSE_HEADERS, content_type=SSE_CONTENT_TYPE
+        )
+
     @app.get("/instances")
     async def list_instances() -> Response:
         instances = node.current_state().instances.values()
@@ -226,6 +237,7 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
             )
         return json_response({"request_id": request_id, "cancelled": True})
 
+    register_dashboard(app)
     for dialect in dialects():
         app.register_blueprint(dialect.blueprint(node, config, settings))
         if dialect.errors is not None:

@@ -21,6 +21,7 @@ from trexo.types.commands import PlacementSharding
 from trexo.types.generation import GenerationRequest
 from trexo.types.ids import InstanceId, NodeId, RequestId
 from trexo.types.models import ModelRef
+from trexo.types.session import Session
 from trexo.types.state import State
 
 
@@ -42,6 +43,16 @@ class NodeHandle(Protocol):
 
     def current_state(self) -> State:
         """The last state this node has applied (served during elections too)."""
+        ...
+
+    def current_session(self) -> Session | None:
+        """The session this node follows now; None while it elects one."""
+        ...
+
+    async def wait_cluster_change(self, session: Session | None, state: State) -> None:
+        """Until the session or the state is no longer `session` / `state` (what the caller
+        last looked at from `current_session` and `current_state`). Unbounded: it waits
+        across elections, as long as the node lives; bound it at the caller."""
         ...
 
     def health(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import trio
@@ -28,6 +28,8 @@ from trexo.types.chunks import Chunk
 from trexo.types.generation import GenerationRequest
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 StreamItem = Chunk | ApiError
 """What the generation task hands the body: chunks, then possibly one error."""
@@ -156,7 +158,7 @@ async def _generate(
                 async for chunk in stream:
                     _raise_if_failed(chunk)
                     with trio.move_on_after(stalled_client_timeout) as stalled:
-                        handed = await _hand_over(send, chunk)
+                        handed = await hand_over(send, chunk)
                     if stalled.cancelled_caught:
                         logger.warning(
                             "generation %s: the client has not read for %g s; treated as "
@@ -176,10 +178,10 @@ async def _generate(
             if error is None:
                 logger.exception("generation %s failed unexpectedly", request.request_id)
                 error = internal_error()
-            await _hand_over(send, error)
+            await hand_over(send, error)
 
 
-async def _hand_over(send: trio.MemorySendChannel[StreamItem], item: StreamItem) -> bool:
+async def hand_over(send: trio.MemorySendChannel[T], item: T) -> bool:
     """Send `item`; False when the body has stopped reading (its exchange is ending)."""
     try:
         await send.send(item)

@@ -22,6 +22,9 @@ class NodeInfo:
     memory_available: int
     """bytes, as the node's OS reports it"""
     api_url: str | None = None
+    peers: tuple[NodeId, ...] = ()
+    """The nodes this node has a live link to (sorted), as it last reported them: the
+    cluster's links, for a picture of it (the dashboard draws them)."""
 
 
 @attrs.frozen

@@ -41,9 +41,18 @@ from trexo.worker.state_view import StateView
 log = logging.getLogger(__name__)
 
 
-def read_node_info(node_id: NodeId, api_url: str | None) -> NodeInfo:
+def read_node_info(
+    node_id: NodeId, api_url: str | None, peers: frozenset[NodeId] = frozenset()
+) -> NodeInfo:
     memory = psutil.virtual_memory()
-    return NodeInfo(node_id, socket.gethostname(), memory.total, memory.available, api_url)
+    return NodeInfo(
+        node_id,
+        socket.gethostname(),
+        memory.total,
+        memory.available,
+        api_url,
+        tuple(sorted(peers)),
+    )
 
 
 class Worker:
@@ -187,9 +196,10 @@ class Worker:
         carried over had dropped this node while the two sides were apart).
         """
         while True:
+            peers = self._router.peers
             try:
                 info = await trio.to_thread.run_sync(
-                    read_node_info, self.node_id, self._api_url(), abandon_on_cancel=True
+                    read_node_info, self.node_id, self._api_url(), peers, abandon_on_cancel=True
                 )
             except OSError as exc:  # e.g. EMFILE: no descriptor left to read /proc/meminfo
                 log.warning(
@@ -201,16 +211,29 @@ class Worker:
                 self._report(NodeReport(info))
             for fact in self._facts_now():
                 self._report(fact)
-            await self._wait_next_node_report()
+            await self._wait_next_node_report(peers)
 
-    async def _wait_next_node_report(self) -> None:
-        """Until the next report is due: the interval, or a short pause while the opened
-        state lacks this node (its last report was lost)."""
-        with trio.move_on_after(self._node_report_interval):
-            seen = self._view.state.last_index
-            while True:
-                state = self._view.state
-                if state.opened and self.node_id not in state.nodes:
-                    await trio.sleep(NODE_REREPORT_DELAY_S)
-                    return
-                seen = (await self._view.wait_state_change(seen)).last_index
+    async def _wait_next_node_report(self, peers: frozenset[NodeId]) -> None:
+        """Until the next report is due: the interval, a change of this node's links (the
+        state lists them, so a picture of the cluster shows a new link at once), or a short
+        pause while the opened state lacks this node (its last report was lost)."""
+        with trio.move_on_after(self._node_report_interval) as due:
+            async with trio.open_nursery() as nursery:
+
+                async def links_changed() -> None:
+                    await self._router.wait_peers_change(peers)
+                    due.cancel()
+
+                nursery.start_soon(links_changed)
+                await self._wait_report_lost()
+                due.cancel()
+
+    async def _wait_report_lost(self) -> None:
+        """Until the opened state has lacked this node for a short pause."""
+        seen = self._view.state.last_index
+        while True:
+            state = self._view.state
+            if state.opened and self.node_id not in state.nodes:
+                await trio.sleep(NODE_REREPORT_DELAY_S)
+                return
+            seen = (await self._view.wait_state_change(seen)).last_index

@@ -1,0 +1,109 @@
+"""A real cluster of `trexo run` processes on loopback shared by a test module: started once
+(synchronously, outside any test's trio run), stopped and reaped after, whatever happened.
+
+Tests that start runners in it (placing a model) must stop them again (delete the instance
+and `wait_no_runners`): the autouse leak check fails a test that leaves a process behind.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import httpx
+import psutil
+
+from tests.e2e.cluster import free_port
+from tests.e2e.harness import RUNNER_MODULE
+from tests.e2e.shared_node import launch, stop_processes, wait_ready_url
+
+T = TypeVar("T")
+
+WAIT_TIMEOUT_S = 60.0
+"""Generous: the machines that run tests are shared and slow by turns."""
+POLL_S = 0.05
+
+
+@attrs.define
+class ClusterNode:
+    name: str
+    data_dir: Path
+    process: subprocess.Popen[bytes]
+    url: str
+
+    @property
+    def node_id(self) -> str:
+        return (self.data_dir / "node_id").read_text().strip()
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def get(self, path: str) -> Any:
+        """`GET path` on this node's API, decoded."""
+        response = httpx.get(f"{self.url}{path}", timeout=10.0)
+        response.raise_for_status()
+        return response.json()
+
+    def runner_pids(self) -> set[int]:
+        pids = set()
+        for child in psutil.Process(self.process.pid).children(recursive=True):
+            try:
+                if RUNNER_MODULE in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                    pids.add(child.pid)
+            except psutil.NoSuchProcess:
+                continue
+        return pids
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or a pulled plug would end it; reaped at once."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_TIMEOUT_S) -> T:
+    """`check()`'s first truthy value, polled until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout} s: {what}")
+        time.sleep(POLL_S)
+
+
+@contextmanager
+def shared_cluster(
+    root: Path, size: int, *args: str, env: dict[str, str] | None = None
+) -> Iterator[list[ClusterNode]]:
+    """`size` nodes (`trexo run ARGS`) started at once, each linked to the first (they
+    find the rest through it); yielded once every node sees them all in one session, under
+    whichever master they elected."""
+    nodes: list[ClusterNode] = []
+    try:
+        seed_port = free_port()
+        for i in range(size):
+            port = seed_port if i == 0 else free_port()
+            seed = ("--peer", f"127.0.0.1:{seed_port}") if i else ()
+            data_dir = root / f"n{i}"
+            process = launch(data_dir, "--peer-port", str(port), *seed, *args, env=env)
+            nodes.append(ClusterNode(f"n{i}", data_dir, process, ""))
+        for node in nodes:
+            node.url = wait_ready_url(node.process, node.data_dir)
+        wait_for("every node in one session", lambda: _converged(nodes))
+        yield nodes
+    finally:
+        stop_processes([node.process for node in nodes])
+
+
+def _converged(nodes: list[ClusterNode]) -> bool:
+    healths = [node.get("/health") for node in nodes]
+    sessions = {repr(h["session"]) for h in healths}
+    return len(sessions) == 1 and all(h["session"] and h["nodes"] == len(nodes) for h in healths)
