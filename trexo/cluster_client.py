@@ -152,7 +152,7 @@ class SessionTracker:
         caller last looked at: a new session, an election starting, an event applied. (A
         state is replaced, never changed, on every event: identity tells a change.)"""
         while self.session == session and self.state() is state:
-            await self.wait_state_change(state.last_index)
+            await self.wait_state_change(state)
 
 
 def stream_failure(failed: StreamFailed) -> ClusterError:
