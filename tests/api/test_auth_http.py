@@ -3,6 +3,7 @@ dialect's shape; the API over HTTPS (a real server over a fake node)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from trexo.api.auth import ApiKeys, presented_key
 from trexo.api.server import ApiServer
 from trexo.config import ApiConfig
 
-from .fake_node import DEMO, FakeNode
+from .fake_node import DEMO, NODE_ID, FakeNode
 
 TEST_TIMEOUT_S = 30.0
 KEY = "sk-trexo-test-key-1"
@@ -136,6 +137,30 @@ async def test_keys_appear_in_no_log_line_and_no_repr(
     assert KEY not in repr(config) and KEY not in repr(ApiKeys((KEY,)))
 
 
+async def test_the_dashboards_files_need_no_key_and_its_feed_does(
+    http: httpx.AsyncClient,
+) -> None:
+    """The page's files hold no data, and a browser cannot send a header loading a page:
+    they are served without a key. What the page shows, /state/events, needs it."""
+    with trio.fail_after(TEST_TIMEOUT_S):
+        for path in ("/", "/dashboard/app.js", "/dashboard/style.css"):
+            response = await http.get(path)
+            assert response.status_code == 200, (path, response.text)
+            assert (await http.head(path)).status_code == 200
+        assert (await http.get("/dashboard/nope.js")).status_code == 404
+        assert (await http.post("/", json={})).status_code == 401  # only reading the files
+        for headers in ({}, bearer(WRONG)):
+            response = await http.get("/state/events", headers=headers)
+            assert response.status_code == 401
+            assert is_401_in_shape("/state/events", response), response.text
+        async with http.stream("GET", "/state/events", headers=bearer(KEY)) as response:
+            assert response.status_code == 200
+            lines = response.aiter_lines()
+            while not (line := await anext(lines)).startswith("data: "):
+                pass
+    assert json.loads(line.removeprefix("data: "))["node_id"] == NODE_ID
+
+
 def test_keys_compare_against_every_key() -> None:
     keys = ApiKeys((KEY, OTHER_KEY))
     assert keys.accepts(KEY) and keys.accepts(OTHER_KEY)
@@ -145,6 +170,8 @@ def test_keys_compare_against_every_key() -> None:
     assert not keys.required_for("GET", "/health")
     assert not keys.required_for("OPTIONS", "/v1/models")
     assert keys.required_for("GET", "/state")
+    assert not keys.required_for("GET", "/") and not keys.required_for("HEAD", "/dashboard/app.js")
+    assert keys.required_for("POST", "/") and keys.required_for("GET", "/dashboards")
 
 
 def test_the_key_is_read_from_either_header() -> None:

@@ -107,6 +107,24 @@ def open_page(driver: Any, node: ClusterNode, nodes: int) -> None:
     wait_until(driver, f"{nodes} nodes", lambda d: len(shown(d, "#nodes .node")) == nodes)
 
 
+def answer_length(driver: Any) -> int:
+    return len(str(shown(driver, ".turn.assistant")[0]["text"]))
+
+
+def stream_a_long_answer(driver: Any) -> float:
+    """Ask the chat model for a long answer and wait until it streams; when it was sent."""
+    choose(driver, "#chat-model", CHAT_MODEL)
+    tokens = css(driver, "#chat-max-tokens")[0]
+    tokens.clear()
+    tokens.send_keys(str(LONG_ANSWER_TOKENS))
+    css(driver, "#chat-input")[0].send_keys("Tell me about the cluster.")
+    click(driver, "Send", "#chat-send")
+    started = time.monotonic()
+    first = wait_until(driver, "the first text", answer_length)
+    wait_until(driver, "more text, streamed", lambda d: answer_length(d) > first + 10)
+    return started
+
+
 def chat_state(driver: Any) -> str | None:
     return shown(driver, "#chat-status", "state")[0]["state"]
 
@@ -196,19 +214,7 @@ def test_a_chat_streams_and_stop_ends_the_generation_in_the_runner(
 ) -> None:
     page = cluster.page
     open_page(browser, page, 3)
-    choose(browser, "#chat-model", CHAT_MODEL)
-    tokens = css(browser, "#chat-max-tokens")[0]
-    tokens.clear()
-    tokens.send_keys(str(LONG_ANSWER_TOKENS))
-    css(browser, "#chat-input")[0].send_keys("Tell me about the cluster.")
-    click(browser, "Send", "#chat-send")
-    started = time.monotonic()
-
-    def answer_length(driver: Any) -> int:
-        return len(str(shown(driver, ".turn.assistant")[0]["text"]))
-
-    first = wait_until(browser, "the first text", answer_length)
-    wait_until(browser, "more text, streamed", lambda d: answer_length(d) > first + 10)
+    started = stream_a_long_answer(browser)
     assert chat_state(browser) == "streaming"
     [task] = page.get("/state")["tasks"].values()  # it is running in the cluster
 

@@ -1,11 +1,14 @@
-"""API keys: with `--api-key`, every request but `GET /health` must carry one.
+"""API keys: with `--api-key`, every request but `GET /health` and the dashboard's files must
+carry one.
 
 A client presents its key as OpenAI's clients do (`Authorization: Bearer KEY`) or as
 Anthropic's do (`x-api-key: KEY`); either header works on every path. Keys are compared in
 constant time with every configured key (`hmac.compare_digest`), so neither the time taken
 nor which key matched says anything about a key. A missing or wrong key is a 401 in the
 dialect's error shape. CORS preflights (`OPTIONS`) pass: browsers never send credentials
-with them. Keys appear in no log line, no config repr and no response.
+with them. The dashboard's page and files (`/`, `/dashboard/NAME`) pass too: they hold no
+data, and a browser loading a page cannot send a header; the page then asks for a key and
+sends it on every API call. Keys appear in no log line, no config repr and no response.
 
 Without keys the API is open, as it always was.
 """
@@ -24,6 +27,11 @@ from trexo.api.errors import ApiError
 
 OPEN_PATHS = frozenset({"/health"})
 """What a load balancer or a monitor probes: no key needed (it says nothing about prompts)."""
+PAGE_PATHS = frozenset({"/"})
+PAGE_PREFIX = "/dashboard/"
+PAGE_METHODS = frozenset({"GET", "HEAD"})
+"""The dashboard's static files (`trexo.api.dashboard`): no key needed, since they hold no
+data (everything the page shows comes from the API, with the key)."""
 BEARER_PREFIX = "bearer "
 API_KEY_HEADER = "x-api-key"
 INVALID_API_KEY = "invalid_api_key"
@@ -41,7 +49,12 @@ class ApiKeys:
     keys: tuple[bytes, ...] = attrs.field(default=(), converter=_encoded, repr=False)
 
     def required_for(self, method: str, path: str) -> bool:
-        return bool(self.keys) and method != "OPTIONS" and path not in OPEN_PATHS
+        return (
+            bool(self.keys)
+            and method != "OPTIONS"
+            and path not in OPEN_PATHS
+            and not is_page_file(method, path)
+        )
 
     def accepts(self, presented: str | None) -> bool:
         """Whether `presented` is one of the keys; compares with every key, in constant time."""
@@ -52,6 +65,11 @@ class ApiKeys:
         for key in self.keys:
             matched |= hmac.compare_digest(candidate, key)
         return matched
+
+
+def is_page_file(method: str, path: str) -> bool:
+    """Whether the request reads one of the dashboard's static files."""
+    return method in PAGE_METHODS and (path in PAGE_PATHS or path.startswith(PAGE_PREFIX))
 
 
 def presented_key(headers: Headers | Mapping[str, str]) -> str | None:

@@ -3,18 +3,24 @@
 // GET /v1/models when placements change; it places and deletes through /instances and
 // chats through /v1/chat/completions. It talks only to the node that served it, which
 // forwards commands to whichever node is master, so it keeps working across failovers.
+// On a node with API keys, the first 401 asks for a key; it is kept for this tab
+// (sessionStorage) and sent as `Authorization: Bearer KEY` on every request, the live feed
+// included (read with fetch, since EventSource cannot send a header).
 "use strict";
 
 const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1", "#edc948", "#9c755f"];
 const MAX_CHANGES = 50;
 const MAX_MESSAGES = 6;
 const NOTE_MS = 5000;
-const RECONNECT_MS = 2000;
+const RECONNECT_MS = 2000; // after a refusal (e.g. 503: too many streams)
+const DEFAULT_RETRY_MS = 1000; // after a lost stream, until the stream says (`retry:`)
+const KEY_STORAGE = "trexo-api-key";
 
 let current = null; // the last /state/events event
 let models = []; // the last /v1/models listing
 let chat = null; // the generation streaming now, if any
 const conversation = [];
+let apiKey = sessionStorage.getItem(KEY_STORAGE); // null: none asked for yet
 
 // --- small helpers ----------------------------------------------------------------------
 
@@ -81,13 +87,22 @@ function nodeLabel(nodeId, state = current?.state) {
 
 // --- talking to the API -------------------------------------------------------------------
 
+// Every request goes through here: it carries the key, and a 401 asks for one.
+async function request(path, options = {}) {
+  const headers = { ...options.headers };
+  if (apiKey !== null) headers.Authorization = `Bearer ${apiKey}`;
+  const response = await fetch(path, { ...options, headers });
+  if (response.status === 401) askForKey();
+  return response;
+}
+
 async function api(method, path, body) {
   const options = { method, headers: {} };
   if (body !== undefined) {
     options.headers["Content-Type"] = "application/json";
     options.body = JSON.stringify(body);
   }
-  return readJson(await fetch(path, options));
+  return readJson(await request(path, options));
 }
 
 async function readJson(response) {
@@ -109,17 +124,90 @@ function message(text, kind) {
 const showError = (text) => message(text, "error");
 const note = (text) => message(text, "info");
 
+// --- the API key ---------------------------------------------------------------------------
+
+function askForKey() {
+  $("key-reason").textContent = apiKey === null ? "this node needs an API key"
+    : "the node refused this key: enter another";
+  if ($("key-form").hidden) {
+    $("key-form").hidden = false;
+    $("key-input").focus();
+  }
+}
+
+function useKey(submit) {
+  submit.preventDefault();
+  const key = $("key-input").value.trim();
+  if (!key) return;
+  apiKey = key;
+  sessionStorage.setItem(KEY_STORAGE, key);
+  $("key-input").value = "";
+  $("key-form").hidden = true;
+  if (feedLocked) follow();
+  if (current !== null) refreshModels();
+}
+
 // --- the live feed -------------------------------------------------------------------------
 
-function follow() {
-  const source = new EventSource("/state/events");
-  source.onopen = () => setConnection("live", "live");
-  source.onmessage = (event) => render(JSON.parse(event.data));
-  source.onerror = () => {
-    setConnection("lost", "reconnecting…");
-    // The browser retries by itself, except after a refusal (e.g. 503: too many streams).
-    if (source.readyState === EventSource.CLOSED) setTimeout(follow, RECONNECT_MS);
-  };
+let retryMs = DEFAULT_RETRY_MS;
+let feedLocked = false; // refused for its key: it follows again once one is entered
+
+// Follows /state/events, reconnecting as EventSource would: after the stream's `retry:`
+// when it is lost, later after a refusal, and not at all after a 401 until a key is entered.
+async function follow() {
+  feedLocked = false;
+  let wait = retryMs;
+  try {
+    const response = await request("/state/events", { headers: { Accept: "text/event-stream" }, cache: "no-store" });
+    if (response.status === 401) {
+      feedLocked = true;
+      setConnection("locked", "API key needed");
+      return;
+    }
+    if (!response.ok) {
+      wait = RECONNECT_MS;
+    } else {
+      setConnection("live", "live");
+      for await (const data of serverSentEvents(response, (ms) => { retryMs = ms; })) render(JSON.parse(data));
+      wait = retryMs;
+    }
+  } catch {
+    wait = retryMs; // the connection went: the node stopped, or the network
+  }
+  setConnection("lost", "reconnecting…");
+  setTimeout(follow, wait);
+}
+
+// The `data` of each event of a text/event-stream response, as the HTML standard parses
+// them: lines end in CRLF, LF or CR; comments (`: keep-alive`) skipped; `retry:` reported.
+async function* serverSentEvents(response, onRetry = () => {}) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  let data = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    // A CR at the end may be half of a CRLF: it waits for the next piece, with the last
+    // (partial) line.
+    const cut = buffer.endsWith("\r") ? buffer.length - 1 : buffer.length;
+    const lines = buffer.slice(0, cut).split(/\r\n|\n|\r/);
+    buffer = lines.pop() + buffer.slice(cut);
+    for (const line of lines) {
+      if (line === "") {
+        if (data.length) yield data.join("\n");
+        data = [];
+        continue;
+      }
+      if (line.startsWith(":")) continue;
+      const colon = line.indexOf(":");
+      const field = colon < 0 ? line : line.slice(0, colon);
+      let text = colon < 0 ? "" : line.slice(colon + 1);
+      if (text.startsWith(" ")) text = text.slice(1);
+      if (field === "data") data.push(text);
+      else if (field === "retry" && /^\d+$/.test(text)) onRetry(Number(text));
+    }
+  }
 }
 
 function setConnection(state, text) {
@@ -496,39 +584,28 @@ async function send(submit) {
 // Streams the answer into `answer`; returns its finish reason.
 async function stream(model, answer) {
   const body = { model, messages: conversation, stream: true, max_tokens: Number($("chat-max-tokens").value) || undefined };
-  const response = await fetch("/v1/chat/completions", {
+  const response = await request("/v1/chat/completions", {
     method: "POST",
     headers: { "Content-Type": "application/json" },
     body: JSON.stringify(body),
     signal: chat.controller.signal,
   });
   if (!response.ok) await readJson(response); // throws the API's message
-  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
   let finish = null;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return finish;
-    buffer += value;
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      const lines = buffer.slice(0, end).split("\n");
-      buffer = buffer.slice(end + 2);
-      for (const line of lines) {
-        if (!line.startsWith("data: ") || line === "data: [DONE]") continue; // comments: keep-alives
-        const chunk = JSON.parse(line.slice(6));
-        if (chunk.error) throw new Error(chunk.error.message);
-        chat.requestId = chunk.id;
-        for (const choice of chunk.choices) {
-          if (choice.delta?.content) {
-            answer.textContent += choice.delta.content;
-            $("chat-log").scrollTop = $("chat-log").scrollHeight;
-          }
-          finish = choice.finish_reason ?? finish;
-        }
+  for await (const data of serverSentEvents(response)) {
+    if (data === "[DONE]") continue;
+    const chunk = JSON.parse(data);
+    if (chunk.error) throw new Error(chunk.error.message);
+    chat.requestId = chunk.id;
+    for (const choice of chunk.choices) {
+      if (choice.delta?.content) {
+        answer.textContent += choice.delta.content;
+        $("chat-log").scrollTop = $("chat-log").scrollHeight;
       }
+      finish = choice.finish_reason ?? finish;
     }
   }
+  return finish;
 }
 
 async function stop() {
@@ -553,6 +630,7 @@ function clearChat() {
 
 // --- start ---------------------------------------------------------------------------------
 
+$("key-form").addEventListener("submit", useKey);
 $("chat-form").addEventListener("submit", send);
 $("chat-stop").addEventListener("click", stop);
 $("chat-clear").addEventListener("click", clearChat);
