@@ -463,7 +463,8 @@ def test_a_master_declared_lost_demotes_itself_and_adopts_its_replacement() -> N
     assert m.seniority == 0
     assert not m.is_master
     assert m.session is None
-    assert campaigns(out_m) == [Campaign(cand(2, M, commands=9), lost_master=M)]
+    # Demoted, its candidacy counts none of the commands it saw as master.
+    assert campaigns(out_m) == [Campaign(cand(2, M, commands=0), lost_master=M)]
     assert not any(isinstance(o.message, Announce) for o in out_m.messages)
     # A, holding all three candidacies, decides B (not M, though M has more commands).
     out_a2 = a.receive(10.2, M, campaigns(out_m)[0])
@@ -530,3 +531,44 @@ def test_own_messages_echoed_by_the_router_are_ignored() -> None:
 
 def test_outgoing_defaults_to_broadcast() -> None:
     assert Outgoing(Hello(0, None)).to is None
+
+
+def _run_timers(nodes: dict[NodeId, ElectionCore], now: float) -> float:
+    for _ in range(8):
+        for core in nodes.values():
+            if core.deadline is not None:
+                now = max(now, core.deadline)
+                _deliver(nodes, [(core.node_id, core.timer(core.deadline))], now)
+    return now
+
+
+def test_a_demoted_master_woken_into_a_half_linked_cluster_does_not_win_it_back() -> None:
+    # Seen with real processes: M froze; B's heartbeat closed the M-B link and B won clock 2
+    # with A. M thawed linked to A only: it demoted itself on A's campaign, decided A (which
+    # follows B), campaigned again on A's hello, and won that round among {M, A} on the
+    # commands it had seen as master; the merge once M-B linked again kept M.
+    m = elected(node(M, commands=9), {A, B})
+    a = settled(node(A, commands=1), cand(1, M), {B, M})
+    b = settled(node(B, commands=5), cand(1, M), {A, M})
+    nodes = {M: m, A: a, B: b}
+    # M is frozen: it takes in nothing yet. A and B elect B.
+    out_b = b.peers_changed(10.0, frozenset({A}))
+    out_a = a.receive(10.0, B, published(out_b)[0])
+    for o in b.receive(10.0, A, published(out_a)[0]).messages:
+        if o.to in (None, A):
+            a.receive(10.0, B, o.message)
+    assert a.session == b.session == Session(2, B)
+    # M thaws: A's queued campaign, then its end of the M-B link closing.
+    queue = [(M, m.receive(10.2, A, o.message)) for o in out_a.messages if o.to in (None, M)]
+    queue.append((M, m.peers_changed(10.2, frozenset({A}))))
+    _deliver(nodes, queue, 10.2)
+    now = _run_timers(nodes, 10.2)
+    assert not m.is_master
+    # The M-B link comes back: one master for all, B.
+    now += 0.1
+    queue = [(B, b.peers_changed(now, frozenset({A, M})))]
+    queue.append((M, m.peers_changed(now, frozenset({A, B}))))
+    _deliver(nodes, queue, now)
+    _run_timers(nodes, now)
+    assert {core.session for core in nodes.values()} == {b.session}
+    assert b.is_master and not m.is_master

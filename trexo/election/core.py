@@ -137,6 +137,7 @@ class ElectionCore:
         self._winner: Candidacy | None = None  # the candidacy that won the current session
         self._confirmed = False  # the winner announced it (or told us itself)
         self._solo = False  # we are master and nobody else can hold our session
+        self._demoted = False  # a campaign declared us dead; until we follow a master again
         self._round: _Round | None = None
         self._boot_deadline: float | None = None
         self._started = False
@@ -418,8 +419,13 @@ class ElectionCore:
 
     def _demote(self) -> None:
         """The cluster declared this node dead (a campaign names it the lost master): it
-        is master no more, and its seniority must not win the round that replaces it."""
+        is master no more, and its seniority must not win the round that replaces it.
+
+        Nor the rounds after it until it follows a master again: woken into a half-linked
+        cluster, it may campaign among the nodes it still reaches, and there the commands
+        it saw as master would outrank theirs and win the cluster back at the merge."""
         self.seniority = 0
+        self._demoted = True
         if self.is_master:
             self._winner = None
             self._confirmed = False
@@ -445,7 +451,8 @@ class ElectionCore:
         lost_master: NodeId | None = None,
     ) -> None:
         started_at = self._round.started_at if self._round is not None else now
-        mine = Candidacy(clock, self.seniority, self._commands_seen(), self.node_id)
+        seen = 0 if self._demoted else self._commands_seen()
+        mine = Candidacy(clock, self.seniority, seen, self.node_id)
         self._round = _Round(
             clock=clock,
             reason=reason,
@@ -504,6 +511,7 @@ class ElectionCore:
         self._winner = winner
         self._confirmed = confirmed
         self._solo = False
+        self._demoted = False  # it follows a master again
         self._adoptions += 1
         self._learn_clock(winner.clock)
         step.notes.append(Adopted(winner.session, source, latency))
