@@ -160,7 +160,8 @@ def _add_security_options(parser: argparse.ArgumentParser) -> None:
 
     security = parser.add_argument_group(
         "API keys and TLS",
-        "With a key, every request but GET /health must carry one (Authorization: Bearer KEY, "
+        "With a key, every request but GET /health and the dashboard's own files must carry one "
+        "(Authorization: Bearer KEY, "
         "or x-api-key: KEY); a missing or wrong key gets 401. With a certificate and its key, "
         "the API serves HTTPS.",
     )
