@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.hub.fake_hub import FakeHub
+from tests.tiers import StartsNoProcess
+from tests.tiers import pytest_collection_modifyitems as pytest_collection_modifyitems
 from trexo.engine.blas import setup_blas
 
 setup_blas()
@@ -22,6 +24,21 @@ REAP_TIMEOUT_S = 5.0
 # make property tests fail on timing rather than on behaviour.
 settings.register_profile("trexo", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("trexo")
+
+
+PROCESS_WATCH = StartsNoProcess()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    PROCESS_WATCH.watch(item)
+
+
+@pytest.fixture(autouse=True)
+def fast_tests_start_no_process() -> Iterator[None]:
+    """Fail a fast-tier test that starts a process (the rule is in tests/tiers.py)."""
+    yield
+    PROCESS_WATCH.verdict()
 
 
 @pytest.fixture(autouse=True)

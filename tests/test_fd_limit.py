@@ -11,6 +11,7 @@ import pytest
 import trio
 from fd_exhaustion import exhausted_fds
 
+from tests.waiting import wait_until
 from trexo.fd_limit import fd_soft_limit, is_fd_exhaustion, raise_fd_limit, retry_on_fd_exhaustion
 
 TEST_TIMEOUT_S = 10.0
@@ -56,8 +57,12 @@ async def test_retry_waits_until_descriptors_are_free(caplog: pytest.LogCaptureF
         async with trio.open_nursery() as nursery:
             with exhausted_fds():
                 nursery.start_soon(open_patiently)
-                await trio.sleep(0.3)
-                assert not results  # still out of descriptors
+                await wait_until(
+                    lambda: "(attempt 3 of 50)" in caplog.text,
+                    timeout=5.0,
+                    what="the third failed open",
+                )
+                assert not results  # still out of descriptors: still waiting
     [fd] = results
     os.close(fd)
     warnings = [r for r in caplog.records if "test open: Too many open files" in r.message]

@@ -501,12 +501,17 @@ def run_command(args: argparse.Namespace) -> int:
     # Process-wide, so here and not in `Node`: every client, runner and peer holds an fd.
     raise_fd_limit()
     try:
-        return trio.run(functools.partial(run_node_until_signalled, config))
+        code = trio.run(functools.partial(run_node_until_signalled, config))
     except KeyboardInterrupt:
         # trio re-delivers a Ctrl-C that was still queued when the node finished stopping.
-        if _stopped_cleanly:
-            return 0
-        raise
+        if not _stopped_cleanly:
+            raise
+        code = 0
+    # Stopped: a second Ctrl-C from here on has nothing left to force, and Python's own
+    # handler would turn it into a traceback and a death by SIGINT during the teardown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return code
 
 
 def read_api_keys(

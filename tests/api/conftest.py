@@ -18,6 +18,9 @@ from .fake_node import FakeNode
 MAX_BODY_BYTES = 2048
 """Small, so an oversize body fits in socket buffers and the client reads the 413."""
 KEEPALIVE_S = 0.2
+SILENCE_S = 5 * KEEPALIVE_S
+"""A pause in a script that keep-alives fill, even when, under load, the server's silence
+timer starts late."""
 CLIENT_TIMEOUT_S = 20.0
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
-
 
 def split_events(raw: str) -> list[str]:
     """The events of a complete SSE body; every event must end with a blank line."""
@@ -15,7 +13,7 @@ def split_events(raw: str) -> list[str]:
 
 
 def data_events(raw: str) -> list[Any]:
-    """The `data:` payloads, JSON-decoded, up to and including the final "[DONE]"."""
+    """OpenAI's `data:` payloads, JSON-decoded, up to and including the final "[DONE]"."""
     out: list[Any] = []
     for event in split_events(raw):
         if event.startswith(":"):
@@ -29,8 +27,15 @@ def data_events(raw: str) -> list[Any]:
     return out
 
 
-async def read_stream(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[int, str]:
-    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
-        raw = (await response.aread()).decode()
-        assert response.headers["content-type"].startswith("text/event-stream")
-        return response.status_code, raw
+def named_events(raw: str) -> list[dict[str, Any]]:
+    """Named events (Anthropic's, OpenAI Responses'): each is named by its data's `type`."""
+    out = []
+    for event in split_events(raw):
+        if event.startswith(":"):
+            continue  # a comment (keep-alive)
+        name, data = event.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: "), event
+        body = json.loads(data.removeprefix("data: "))
+        assert body["type"] == name.removeprefix("event: "), event
+        out.append(body)
+    return out

@@ -1,5 +1,6 @@
 """`POST /v1/messages` and `/v1/messages/count_tokens` against a real server over the fake
-node: anthropic's client, raw named SSE events, Anthropic-shaped errors, disconnects."""
+node: anthropic's client, raw named SSE events, Anthropic-shaped errors. What every dialect
+does alike (disconnects, cancel by id, keep-alives) is in `test_streaming_http`."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import trio
 
 from trexo.errors import GenerationFailed
 
-from .conftest import CLIENT_TIMEOUT_S, MAX_BODY_BYTES
+from .conftest import CLIENT_TIMEOUT_S, MAX_BODY_BYTES, SILENCE_S
+from .dialects import ANTHROPIC
 from .fake_node import DEMO, FAKE_CONTEXT, OTHER, FakeNode, Step
-from .sse import split_events
+from .sse import named_events
 
 TEST_TIMEOUT_S = 30.0
-CANCEL_BOUND_S = 5.0
 MESSAGES: list[Any] = [{"role": "user", "content": "hi there"}]
 
 
@@ -33,27 +34,6 @@ async def claude(api_url: str) -> AsyncIterator[anthropic.AsyncAnthropic]:
         base_url=api_url, api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT_S
     ) as client:
         yield client
-
-
-def named_events(raw: str) -> list[dict[str, Any]]:
-    """The events of an Anthropic stream; each is named by its data's `type`."""
-    out = []
-    for event in split_events(raw):
-        if event.startswith(":"):
-            continue  # a comment (keep-alive)
-        name, data = event.split("\n")
-        assert name.startswith("event: ") and data.startswith("data: "), event
-        body = json.loads(data.removeprefix("data: "))
-        assert body["type"] == name.removeprefix("event: ")
-        out.append(body)
-    return out
-
-
-async def read_stream(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[int, str]:
-    async with http.stream("POST", "/v1/messages", json=body) as response:
-        raw = (await response.aread()).decode()
-        assert response.headers["content-type"].startswith("text/event-stream")
-        return response.status_code, raw
 
 
 def assert_anthropic_error(response: httpx.Response, status: int, kind: str) -> dict[str, Any]:
@@ -109,7 +89,7 @@ async def test_raw_stream_is_anthropics_named_events(
     http: httpx.AsyncClient, node: FakeNode
 ) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
-        status, raw = await read_stream(http, message(stream=True))
+        status, raw = await ANTHROPIC.read_stream(http, message(stream=True))
     assert status == 200
     events = named_events(raw)
     assert [e["type"] for e in events] == [
@@ -128,21 +108,19 @@ async def test_raw_stream_is_anthropics_named_events(
     assert start["usage"] == {"input_tokens": 2, "output_tokens": 0}
     assert events[-2]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
     assert events[-2]["usage"]["output_tokens"] == 3
-    assert "keep-alive" not in raw
 
 
 async def test_keepalives_during_silences_do_not_disturb_the_client(
-    http: httpx.AsyncClient, claude: anthropic.AsyncAnthropic, node: FakeNode
+    claude: anthropic.AsyncAnthropic, node: FakeNode
 ) -> None:
-    node.script = (Step(text="a"), Step(delay=1.0, text="b", finish="length"))
+    # A silence that keep-alive comments fill (`test_streaming_http` proves it, per dialect).
+    node.script = (Step(text="a"), Step(delay=SILENCE_S, text="b", finish="length"))
     with trio.fail_after(TEST_TIMEOUT_S):
-        _, raw = await read_stream(http, message(stream=True))
         async with claude.messages.stream(
             model=DEMO.model_id, max_tokens=16, messages=MESSAGES
         ) as stream:
+            texts = [text async for text in stream.text_stream]
             final = await stream.get_final_message()
-    assert ": keep-alive\n\n" in raw  # the keep-alive interval is 0.2 s
-    texts = [e["delta"]["text"] for e in named_events(raw) if e["type"] == "content_block_delta"]
     assert texts == ["a", "b"]
     assert final.content[0].type == "text" and final.content[0].text == "ab"
     assert final.stop_reason == "max_tokens"
@@ -153,7 +131,7 @@ async def test_failure_mid_stream_is_an_error_event(
 ) -> None:
     node.script = (Step(text="partial"), Step(error=GenerationFailed("runner died: SIGKILL")))
     with trio.fail_after(TEST_TIMEOUT_S):
-        status, raw = await read_stream(http, message(stream=True))
+        status, raw = await ANTHROPIC.read_stream(http, message(stream=True))
         with pytest.raises(anthropic.APIStatusError, match="runner died") as caught:
             async with claude.messages.stream(
                 model=DEMO.model_id, max_tokens=16, messages=MESSAGES
@@ -299,62 +277,3 @@ async def test_count_tokens_where_the_tokenizer_is_elsewhere_says_so(
     error = assert_anthropic_error(response, 503, "api_error")["error"]
     assert "tokenizer is not on this node" in error["message"]
     assert "retry-after" not in response.headers
-
-
-async def test_disconnect_mid_stream_cancels_the_generation(
-    api_url: str, http: httpx.AsyncClient, node: FakeNode
-) -> None:
-    node.script = (Step(text="first"), Step(delay=60.0, text="never", finish="stop"))
-    with trio.fail_after(TEST_TIMEOUT_S):
-        async with (
-            httpx.AsyncClient(base_url=api_url) as leaving,
-            leaving.stream("POST", "/v1/messages", json=message(stream=True)) as response,
-        ):
-            async for line in response.aiter_lines():
-                if '"first"' in line:
-                    break
-        request_id = node.only_request_id()
-        with trio.fail_after(CANCEL_BOUND_S):
-            await node.finished[request_id].wait()
-        assert node.exits[request_id] == "Cancelled"
-        assert (await http.get("/health")).status_code == 200
-
-
-async def test_disconnect_while_waiting_cancels_the_generation(
-    api_url: str, node: FakeNode
-) -> None:
-    node.script = (Step(delay=60.0, text="never", finish="stop"),)
-    with trio.fail_after(TEST_TIMEOUT_S):
-        async with trio.open_nursery() as nursery:
-
-            async def impatient_client() -> None:
-                async with httpx.AsyncClient(base_url=api_url) as http:
-                    await http.post("/v1/messages", json=message())
-
-            nursery.start_soon(impatient_client)
-            await node.any_entered.wait()
-            nursery.cancel_scope.cancel()  # closes the client's connection
-        request_id = node.only_request_id()
-        with trio.fail_after(CANCEL_BOUND_S):
-            await node.finished[request_id].wait()
-        assert node.exits[request_id] == "Cancelled"
-
-
-async def test_cancel_by_message_id_ends_the_stream_as_end_turn(
-    http: httpx.AsyncClient, node: FakeNode
-) -> None:
-    node.script = (Step(text="so far"), Step(delay=60.0, text="never", finish="stop"))
-    with trio.fail_after(TEST_TIMEOUT_S):
-        async with http.stream("POST", "/v1/messages", json=message(stream=True)) as stream:
-            texts = aiter(stream.aiter_text())
-            raw = ""
-            while '"so far"' not in raw:
-                raw += await anext(texts)
-            request_id = node.only_request_id()
-            assert request_id.startswith("msg_")
-            assert (await http.post(f"/v1/cancel/{request_id}")).status_code == 200
-            raw += "".join([text async for text in texts])
-    events = named_events(raw)
-    assert events[-2]["delta"]["stop_reason"] == "end_turn"
-    assert events[-1] == {"type": "message_stop"}
-    assert node.exits[request_id] == "completed"

@@ -16,6 +16,7 @@ from trexo.config import ApiConfig
 
 from .conftest import MAX_BODY_BYTES
 from .fake_node import DEMO, FakeNode
+from .raw_http import SLOW_BODY, host_port, parse_response, read_until_eof
 
 TEST_TIMEOUT_S = 30.0
 HUGE_BODY_ATTEMPTS = 5
@@ -165,19 +166,18 @@ async def assert_still_serving(http: httpx.AsyncClient) -> None:
 
 async def test_a_body_slower_than_the_body_timeout_is_408(node: FakeNode) -> None:
     config = ApiConfig(port=0, body_timeout=0.2)
-
-    async def slow_body() -> Any:
-        yield b'{"model": '
-        await trio.sleep(0.6)  # past the 0.2 s body timeout
-        yield b'"demo-tiny"}'
-
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             url = await nursery.start(ApiServer(create_app(node, config), config).run)
-            async with httpx.AsyncClient(base_url=url) as http:
-                response = await http.post("/v1/chat/completions", content=slow_body())
-                assert_error(response, 408, "request_timeout")
+            # The body stops short of its Content-Length and never goes on: the server must
+            # answer, and close the connection, by itself.
+            async with await trio.open_tcp_stream(*host_port(url)) as stream:
+                await stream.send_all(SLOW_BODY)
+                raw = parse_response(await read_until_eof(stream))
             nursery.cancel_scope.cancel()
+    response = httpx.Response(raw.status, headers=raw.headers, content=raw.body)
+    assert_error(response, 408, "request_timeout")
+    assert response.headers["connection"] == "close"
 
 
 async def test_a_huge_body_gets_413_and_the_connection_is_not_reused(

@@ -1,5 +1,6 @@
-"""`POST /v1/chat/completions` against a real server: openai's client, raw SSE, failures,
-keep-alives, and a client that disconnects mid-stream."""
+"""`POST /v1/chat/completions` against a real server: openai's client, raw SSE, failures and
+concurrent streams. What every dialect does alike (disconnects, cancel by id, keep-alives) is
+in `test_streaming_http`."""
 
 from __future__ import annotations
 
@@ -13,12 +14,11 @@ import trio
 
 from trexo.errors import GenerationFailed
 
+from .dialects import OPENAI_CHAT
 from .fake_node import DEMO, FakeNode, Step
-from .sse import data_events, read_stream
+from .sse import data_events
 
 TEST_TIMEOUT_S = 30.0
-CANCEL_BOUND_S = 5.0
-"""How soon after a client disconnects its generation must have been left."""
 
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 
@@ -77,7 +77,7 @@ async def test_openai_client_streaming_with_usage(
 
 async def test_raw_sse_is_exactly_openais_shape(http: httpx.AsyncClient) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
-        status, raw = await read_stream(http, chat(stream=True))
+        status, raw = await OPENAI_CHAT.read_stream(http, chat(stream=True))
     assert status == 200
     events = data_events(raw)
     deltas = [e["choices"][0]["delta"] for e in events[:-1]]
@@ -92,70 +92,12 @@ async def test_raw_sse_is_exactly_openais_shape(http: httpx.AsyncClient) -> None
     assert all("usage" not in e for e in events[:-1])  # only with include_usage
 
 
-async def test_keepalive_comments_fill_long_silences(
-    http: httpx.AsyncClient, node: FakeNode
-) -> None:
-    node.script = (Step(text="a"), Step(delay=1.0, text="b", finish="length"))
-    with trio.fail_after(TEST_TIMEOUT_S):
-        _, raw = await read_stream(http, chat(stream=True))
-    assert ": keep-alive\n\n" in raw  # the keep-alive interval is 0.2 s
-    events = data_events(raw)
-    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == "ab"
-    assert events[-2]["choices"][0]["finish_reason"] == "length"
-
-
-async def test_no_keepalive_when_chunks_keep_coming(http: httpx.AsyncClient) -> None:
-    with trio.fail_after(TEST_TIMEOUT_S):
-        _, raw = await read_stream(http, chat(stream=True))
-    assert "keep-alive" not in raw
-
-
-async def test_disconnect_mid_stream_cancels_the_generation(
-    api_url: str, http: httpx.AsyncClient, node: FakeNode
-) -> None:
-    node.script = (Step(text="first"), Step(delay=60.0, text="never", finish="stop"))
-    with trio.fail_after(TEST_TIMEOUT_S):
-        async with (
-            httpx.AsyncClient(base_url=api_url) as leaving,
-            leaving.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response,
-        ):
-            async for line in response.aiter_lines():
-                if '"first"' in line:
-                    break
-        # The client has closed its connection.
-        request_id = node.only_request_id()
-        with trio.fail_after(CANCEL_BOUND_S):
-            await node.finished[request_id].wait()
-        assert node.exits[request_id] == "Cancelled"
-        assert (await http.get("/health")).status_code == 200
-
-
-async def test_disconnect_while_waiting_non_streaming_cancels_the_generation(
-    api_url: str, node: FakeNode
-) -> None:
-    node.script = (Step(delay=60.0, text="never", finish="stop"),)
-    with trio.fail_after(TEST_TIMEOUT_S):
-        async with trio.open_nursery() as nursery:
-
-            async def impatient_client() -> None:
-                async with httpx.AsyncClient(base_url=api_url) as http:
-                    await http.post("/v1/chat/completions", json=chat())
-
-            nursery.start_soon(impatient_client)
-            await node.any_entered.wait()
-            nursery.cancel_scope.cancel()  # closes the client's connection
-        request_id = node.only_request_id()
-        with trio.fail_after(CANCEL_BOUND_S):
-            await node.finished[request_id].wait()
-        assert node.exits[request_id] == "Cancelled"
-
-
 async def test_failure_mid_stream_is_a_final_error_event(
     http: httpx.AsyncClient, node: FakeNode
 ) -> None:
     node.script = (Step(text="partial"), Step(error=GenerationFailed("runner died: SIGKILL")))
     with trio.fail_after(TEST_TIMEOUT_S):
-        status, raw = await read_stream(http, chat(stream=True))
+        status, raw = await OPENAI_CHAT.read_stream(http, chat(stream=True))
     assert status == 200
     *_, error, done = data_events(raw)
     assert done == "[DONE]"
@@ -188,7 +130,7 @@ async def test_stream_ending_without_finish_is_an_error_event(
 ) -> None:
     node.script = (Step(text="cut"),)
     with trio.fail_after(TEST_TIMEOUT_S):
-        _, raw = await read_stream(http, chat(stream=True))
+        _, raw = await OPENAI_CHAT.read_stream(http, chat(stream=True))
     assert data_events(raw)[-2]["error"]["code"] == "generation_failed"
 
 
@@ -222,24 +164,6 @@ async def test_unknown_model_is_404_in_openai_client(
     with trio.fail_after(TEST_TIMEOUT_S), pytest.raises(openai.NotFoundError) as caught:
         await client.chat.completions.create(model="nope", messages=MESSAGES, stream=stream)
     assert caught.value.code == "model_not_found"
-
-
-async def test_cancel_ends_the_stream_with_stop(http: httpx.AsyncClient, node: FakeNode) -> None:
-    node.script = (Step(text="so far"), Step(delay=60.0, text="never", finish="stop"))
-    with trio.fail_after(TEST_TIMEOUT_S):
-        async with http.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as stream:
-            texts = aiter(stream.aiter_text())
-            raw = ""
-            while '"so far"' not in raw:
-                raw += await anext(texts)
-            request_id = node.only_request_id()
-            cancelled = await http.post(f"/v1/cancel/{request_id}")
-            assert cancelled.status_code == 200
-            assert cancelled.json() == {"request_id": request_id, "cancelled": True}
-            raw += "".join([text async for text in texts])
-    events = data_events(raw)
-    assert events[-2]["choices"][0]["finish_reason"] == "stop"
-    assert node.exits[request_id] == "completed"
 
 
 async def test_cancel_unknown_request_is_404(http: httpx.AsyncClient) -> None:
@@ -276,7 +200,7 @@ async def test_an_unexpected_error_is_500_and_logged(
     node.script = (Step(text="x"), Step(error=RuntimeError("a bug")))
     with trio.fail_after(TEST_TIMEOUT_S):
         if stream:
-            status, raw = await read_stream(http, chat(stream=True))
+            status, raw = await OPENAI_CHAT.read_stream(http, chat(stream=True))
             assert status == 200
             error = data_events(raw)[-2]["error"]
         else:

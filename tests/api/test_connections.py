@@ -9,10 +9,11 @@ import pytest
 import trio
 from fd_exhaustion import exhausted_fds
 
+from tests.waiting import NotYet, holds_for, wait_until
 from trexo.api.app import create_app
 from trexo.api.connections import ConnectionCap
 from trexo.api.server import ApiServer, connection_limit
-from trexo.config import API_FD_RESERVE, ApiConfig
+from trexo.config import API_ACCEPT_RETRY_S, API_FD_RESERVE, ApiConfig
 
 from .fake_node import FakeNode
 from .raw_http import (
@@ -25,6 +26,8 @@ from .raw_http import (
 )
 
 TEST_TIMEOUT_S = 30.0
+SEEN_BOUND_S = 10.0
+"""Generous: the server sees a connection come or go, or fails an accept, in milliseconds."""
 CAP = 4
 
 
@@ -56,8 +59,11 @@ async def test_connections_past_the_cap_get_503_until_some_close(
         held = [await trio.open_tcp_stream(*address) for _ in range(CAP)]
         for stream in held[: CAP // 2]:  # half busy with a request, half idle
             await stream.send_all(SLOW_BODY)
-        while server.cap.statistics().active < CAP:
-            await trio.sleep(0.01)
+        await wait_until(
+            lambda: server.cap.statistics().active == CAP or NotYet(server.cap.statistics()),
+            timeout=SEEN_BOUND_S,
+            what=f"the server to hold all {CAP} connections",
+        )
         for _ in range(3):
             async with await trio.open_tcp_stream(*address) as extra:
                 await extra.send_all(request_bytes("GET", "/health"))
@@ -69,8 +75,11 @@ async def test_connections_past_the_cap_get_503_until_some_close(
         for stream in held:
             await stream.aclose()
         # The server sees those closes in its own time; then a new client is served.
-        while server.cap.statistics().active:
-            await trio.sleep(0.01)
+        await wait_until(
+            lambda: server.cap.statistics().active == 0 or NotYet(server.cap.statistics()),
+            timeout=SEEN_BOUND_S,
+            what="the server to see the held connections closed",
+        )
         async with await trio.open_tcp_stream(*address) as client:
             await client.send_all(request_bytes("GET", "/health"))
             assert (await read_response(client, bytearray())).status == 200
@@ -87,13 +96,27 @@ async def test_accept_waits_while_out_of_descriptors(
         client = trio.socket.socket()  # the client's own descriptor, before they run out
         with exhausted_fds():
             await client.connect(address)  # queued in the backlog; accept fails meanwhile
-            await trio.sleep(0.3)
+            await wait_until(
+                lambda: connection_log(caplog),
+                timeout=SEEN_BOUND_S,
+                what="the accept loop to report it is out of descriptors",
+            )
+            # `accept` fails again every API_ACCEPT_RETRY_S meanwhile: no line for those.
+            await holds_for(
+                lambda: len(connection_log(caplog)) == 1,
+                seconds=3 * API_ACCEPT_RETRY_S,
+                what="one log line for the whole episode",
+            )
         stream = trio.SocketStream(client)
         async with stream:
             await stream.send_all(request_bytes("GET", "/health"))
             assert (await read_response(stream, bytearray())).status == 200
-    messages = [r.getMessage() for r in caplog.records if r.name == "trexo.api.connections"]
+    messages = connection_log(caplog)
     assert messages[0].startswith("cannot accept connections: Too many open files (EMFILE)")
     assert messages[-1].startswith("accepting connections again after")
     assert len(messages) == 2  # one line per episode, not one per failed accept
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def connection_log(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "trexo.api.connections"]

@@ -1,9 +1,9 @@
 """The Ollama API against a real server over the scripted fake node: the official `ollama`
-client, raw NDJSON, errors in Ollama's shape, disconnects, and the second listener."""
+client, raw NDJSON, errors in Ollama's shape, and the second listener. What every dialect does
+alike (disconnects, cancel by id, no keep-alive lines in NDJSON) is in `test_streaming_http`."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,12 +19,11 @@ from trexo.config import ApiConfig
 from trexo.errors import GenerationFailed
 
 from .conftest import CLIENT_TIMEOUT_S
+from .dialects import NDJSON, ndjson_lines, read_stream
 from .fake_node import DEMO, OTHER, FakeNode, Step
 
 TEST_TIMEOUT_S = 30.0
-CANCEL_BOUND_S = 5.0
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
-NDJSON = "application/x-ndjson"
 
 
 @pytest.fixture
@@ -39,13 +38,10 @@ def chat(**extra: Any) -> dict[str, Any]:
 
 async def read_lines(
     http: httpx.AsyncClient, path: str, body: dict[str, Any]
-) -> tuple[int, str, list[Any]]:
-    """The status, content type and JSON lines of a response; every line must be JSON."""
-    async with http.stream("POST", path, json=body) as response:
-        raw = (await response.aread()).decode()
-    assert raw.endswith("\n"), raw[-40:]
-    lines = [json.loads(line) for line in raw.splitlines()]
-    return response.status_code, response.headers["content-type"], lines
+) -> tuple[int, list[Any]]:
+    """The status and JSON lines of an NDJSON response; every line must be JSON."""
+    status, raw = await read_stream(http, path, body, NDJSON)
+    return status, ndjson_lines(raw)
 
 
 def assert_error(response: httpx.Response, status: int) -> str:
@@ -114,23 +110,10 @@ async def test_generate_streamed_and_not(client: ollama.AsyncClient, node: FakeN
 
 async def test_stream_is_the_default_and_is_ndjson(http: httpx.AsyncClient) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
-        status, content_type, lines = await read_lines(http, "/api/chat", chat())
-    assert (status, content_type) == (200, NDJSON)
+        status, lines = await read_lines(http, "/api/chat", chat())  # NDJSON, or it fails
+    assert status == 200
     assert [line["message"]["content"] for line in lines] == ["Hello", " world", "!", ""]
     assert [line["done"] for line in lines] == [False, False, False, True]
-
-
-async def test_no_keepalive_lines_during_long_silences(
-    http: httpx.AsyncClient, node: FakeNode
-) -> None:
-    node.script = (Step(text="a"), Step(delay=1.0, text="b", finish="length"))
-    with trio.fail_after(TEST_TIMEOUT_S):
-        _, _, lines = await read_lines(
-            http, "/api/generate", {"model": DEMO.model_id, "prompt": "x"}
-        )
-    # Every line parsed as JSON (the keep-alive interval, 0.2 s, passed several times).
-    assert [line["response"] for line in lines] == ["a", "b", ""]
-    assert lines[-1]["done_reason"] == "length"
 
 
 async def test_the_latest_tag_finds_the_model(client: ollama.AsyncClient, node: FakeNode) -> None:
@@ -198,7 +181,7 @@ async def test_bad_requests_get_ollamas_error_shape(
     with trio.fail_after(TEST_TIMEOUT_S):
         assert_error(await http.post(path, json=body), status)
         # The node keeps serving.
-        _, _, lines = await read_lines(http, "/api/chat", chat())
+        _, lines = await read_lines(http, "/api/chat", chat())
     assert lines[-1]["done"] is True
     assert len(node.requests) == 1
 
@@ -238,7 +221,7 @@ async def test_failure_mid_stream_is_a_last_error_line(
 ) -> None:
     node.script = (Step(text="partial"), Step(error=GenerationFailed("runner died: SIGKILL")))
     with trio.fail_after(TEST_TIMEOUT_S):
-        status, _, lines = await read_lines(http, "/api/chat", chat())
+        status, lines = await read_lines(http, "/api/chat", chat())
         assert status == 200
         assert lines[-1] == {"error": "runner died: SIGKILL"}
         with pytest.raises(ollama.ResponseError, match="runner died"):
@@ -253,25 +236,6 @@ async def test_failure_not_streamed_is_500(http: httpx.AsyncClient, node: FakeNo
             "/api/generate", json={"model": DEMO.model_id, "prompt": "x", "stream": False}
         )
     assert assert_error(response, 500) == "runner died"
-
-
-async def test_disconnect_mid_stream_cancels_the_generation(
-    api_url: str, http: httpx.AsyncClient, node: FakeNode
-) -> None:
-    node.script = (Step(text="first"), Step(delay=60.0, text="never", finish="stop"))
-    with trio.fail_after(TEST_TIMEOUT_S):
-        async with (
-            httpx.AsyncClient(base_url=api_url) as leaving,
-            leaving.stream("POST", "/api/chat", json=chat()) as response,
-        ):
-            async for line in response.aiter_lines():
-                if '"first"' in line:
-                    break
-        request_id = node.only_request_id()
-        with trio.fail_after(CANCEL_BOUND_S):
-            await node.finished[request_id].wait()
-        assert node.exits[request_id] == "Cancelled"
-        assert (await http.get("/api/version")).status_code == 200
 
 
 # --- the second listener -------------------------------------------------------------------------

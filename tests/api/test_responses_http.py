@@ -1,5 +1,6 @@
 """`POST /v1/responses` against a real server over the scripted fake node: the official
-client, raw named-SSE events, errors in OpenAI's shape, and clients that disconnect."""
+client, raw named-SSE events and errors in OpenAI's shape. What every dialect does alike
+(disconnects, cancel by id, keep-alives) is in `test_streaming_http`."""
 
 from __future__ import annotations
 
@@ -19,12 +20,11 @@ from trexo.types.chunks import Chunk, Usage
 from trexo.types.generation import GenerationRequest, ToolCall, ToolChoice
 from trexo.types.ids import RequestId
 
-from .fake_node import DEMO, FAKE_CONTEXT, HELLO, FakeNode, Step
+from .dialects import OPENAI_RESPONSES
+from .fake_node import DEMO, FAKE_CONTEXT, FakeNode, Step
 
 TEST_TIMEOUT_S = 30.0
-CANCEL_BOUND_S = 5.0
-"""How soon after a client disconnects its generation must have been left."""
-PATH = "/v1/responses"
+PATH = OPENAI_RESPONSES.path
 CALL = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
 WEATHER: Any = {
     "type": "function",
@@ -66,29 +66,6 @@ def node() -> ToolCallingNode:
 
 def body(**extra: Any) -> dict[str, Any]:
     return {"model": DEMO.model_id, "input": "hi", **extra}
-
-
-def named_events(raw: str) -> list[dict[str, Any]]:
-    """A complete named-SSE body's events; each one's `event:` name must be its `type`."""
-    assert raw.endswith("\n\n"), raw[-40:]
-    events = []
-    for block in raw[:-2].split("\n\n"):
-        if block.startswith(":"):
-            continue  # a keep-alive comment
-        name_line, data_line = block.split("\n")
-        name = name_line.removeprefix("event: ")
-        data = json.loads(data_line.removeprefix("data: "))
-        assert data["type"] == name, block
-        events.append(data)
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    return events
-
-
-async def read_stream(http: httpx.AsyncClient, payload: dict[str, Any]) -> tuple[int, str]:
-    async with http.stream("POST", PATH, json=payload) as response:
-        raw = (await response.aread()).decode()
-        assert response.headers["content-type"].startswith("text/event-stream")
-        return response.status_code, raw
 
 
 async def test_openai_client_text(client: openai.AsyncOpenAI, node: ToolCallingNode) -> None:
@@ -182,10 +159,10 @@ async def test_openai_client_stream_events(client: openai.AsyncOpenAI) -> None:
 
 async def test_raw_stream_is_named_sse(http: httpx.AsyncClient) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
-        status, raw = await read_stream(http, body(stream=True))
+        status, raw = await OPENAI_RESPONSES.read_stream(http, body(stream=True))
     assert status == 200
     assert "[DONE]" not in raw
-    events = named_events(raw)
+    events = OPENAI_RESPONSES.events(raw)
     assert events[0]["type"] == "response.created"
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["usage"]["total_tokens"] == 8
@@ -194,20 +171,10 @@ async def test_raw_stream_is_named_sse(http: httpx.AsyncClient) -> None:
 async def test_length_stream_ends_incomplete(http: httpx.AsyncClient, node: FakeNode) -> None:
     node.script = (Step(text="a"), Step(text="b", finish="length"))
     with trio.fail_after(TEST_TIMEOUT_S):
-        _, raw = await read_stream(http, body(stream=True, max_output_tokens=2))
-    final = named_events(raw)[-1]
+        _, raw = await OPENAI_RESPONSES.read_stream(http, body(stream=True, max_output_tokens=2))
+    final = OPENAI_RESPONSES.events(raw)[-1]
     assert final["type"] == "response.incomplete"
     assert final["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
-
-
-async def test_keepalive_comments_fill_long_silences(
-    http: httpx.AsyncClient, node: FakeNode
-) -> None:
-    node.script = (Step(text="a"), Step(delay=1.0, text="b", finish="stop"))
-    with trio.fail_after(TEST_TIMEOUT_S):
-        _, raw = await read_stream(http, body(stream=True))
-    assert ": keep-alive\n\n" in raw  # the keep-alive interval is 0.2 s
-    assert named_events(raw)[-1]["response"]["output"][0]["content"][0]["text"] == "ab"
 
 
 async def test_failure_mid_stream_is_an_error_event_then_failed(
@@ -215,9 +182,9 @@ async def test_failure_mid_stream_is_an_error_event_then_failed(
 ) -> None:
     node.script = (Step(text="partial"), Step(error=GenerationFailed("runner died: SIGKILL")))
     with trio.fail_after(TEST_TIMEOUT_S):
-        status, raw = await read_stream(http, body(stream=True))
+        status, raw = await OPENAI_RESPONSES.read_stream(http, body(stream=True))
     assert status == 200
-    *_, error, failed = named_events(raw)
+    *_, error, failed = OPENAI_RESPONSES.events(raw)
     assert error["type"] == "error"
     assert (error["code"], error["message"]) == ("generation_failed", "runner died: SIGKILL")
     assert failed["type"] == "response.failed"
@@ -297,43 +264,3 @@ async def test_openai_client_raises_bad_request(client: openai.AsyncOpenAI) -> N
         assert missing.value.code == "response_not_found"
         response = await client.responses.create(model=DEMO.model_id, input="hi")
     assert response.output_text == "Hello world!"
-
-
-async def test_disconnect_mid_stream_cancels_the_generation(
-    api_url: str, http: httpx.AsyncClient, node: FakeNode
-) -> None:
-    node.script = (Step(text="first"), Step(delay=60.0, text="never", finish="stop"))
-    with trio.fail_after(TEST_TIMEOUT_S):
-        async with (
-            httpx.AsyncClient(base_url=api_url) as leaving,
-            leaving.stream("POST", PATH, json=body(stream=True)) as response,
-        ):
-            async for line in response.aiter_lines():
-                if '"first"' in line:
-                    break
-        request_id = node.only_request_id()
-        with trio.fail_after(CANCEL_BOUND_S):
-            await node.finished[request_id].wait()
-        assert node.exits[request_id] == "Cancelled"
-        node.script = HELLO
-        assert (await http.post(PATH, json=body())).status_code == 200
-
-
-async def test_disconnect_while_waiting_non_streaming_cancels_the_generation(
-    api_url: str, node: FakeNode
-) -> None:
-    node.script = (Step(delay=60.0, text="never", finish="stop"),)
-    with trio.fail_after(TEST_TIMEOUT_S):
-        async with trio.open_nursery() as nursery:
-
-            async def impatient_client() -> None:
-                async with httpx.AsyncClient(base_url=api_url) as http:
-                    await http.post(PATH, json=body())
-
-            nursery.start_soon(impatient_client)
-            await node.any_entered.wait()
-            nursery.cancel_scope.cancel()  # closes the client's connection
-        request_id = node.only_request_id()
-        with trio.fail_after(CANCEL_BOUND_S):
-            await node.finished[request_id].wait()
-        assert node.exits[request_id] == "Cancelled"

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import trio
 
+from tests.waiting import NotYet, wait_until
 from trexo.config import ApiConfig
 from trexo.types.ids import NodeId
 from trexo.types.session import Session
@@ -23,6 +24,8 @@ from .conftest import KEEPALIVE_S
 from .fake_node import NODE_ID, OTHER, FakeNode
 
 TEST_TIMEOUT_S = 30.0
+RELEASE_BOUND_S = 10.0
+"""Generous: the server sees a client gone, and frees its place, in milliseconds."""
 
 
 @pytest.fixture
@@ -159,10 +162,17 @@ async def test_streams_are_bounded_and_a_closed_one_frees_its_place(
                 assert refused.headers["retry-after"] == "1"
                 assert refused.json()["error"]["code"] == "too_many_event_streams"
             # The second client left: its place is released once the server sees it gone.
-            while True:
-                async with http.stream("GET", "/state/events") as third:
-                    if third.status_code == 200:
-                        await EventReader(third).event()
-                        break
-                    await third.aread()
-                await trio.sleep(0.05)
+            await wait_until(
+                lambda: a_stream_opens(http),
+                timeout=RELEASE_BOUND_S,
+                what="a third stream to get the second one's place",
+            )
+
+
+async def a_stream_opens(http: httpx.AsyncClient) -> bool | NotYet:
+    """Whether `/state/events` serves a new client now (it reads the first event)."""
+    async with http.stream("GET", "/state/events") as response:
+        if response.status_code != 200:
+            return NotYet((response.status_code, await response.aread()))
+        await EventReader(response).event()
+        return True

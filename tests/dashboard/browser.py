@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.waiting import NotYet, WaitTimedOut, wait_until_sync
+
 T = TypeVar("T")
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -22,6 +24,8 @@ WINDOW = (1400, 1000)
 WAIT_TIMEOUT_S = 60.0
 """Generous: a test machine shared with other test runs is slow by turns."""
 SEVERE = "SEVERE"
+PAGE_POLL_S = 0.05
+"""How often a wait looks at the page: each look is a round trip through chromedriver."""
 
 
 def find_executables() -> tuple[str, str]:
@@ -71,30 +75,25 @@ def console_errors(driver: Any) -> list[dict[str, Any]]:
     return [entry for entry in driver.get_log("browser") if entry["level"] == SEVERE]
 
 
-def wait_until(
-    driver: Any, what: str, check: Callable[[Any], T], timeout: float = WAIT_TIMEOUT_S
+def wait_on_page(
+    driver: Any, check: Callable[[Any], T], *, what: str, timeout: float = WAIT_TIMEOUT_S
 ) -> T:
-    """`check(driver)`'s first truthy value. The page rebuilds what changed on each event,
-    so an element found a moment ago may be gone: that is retried, not an error."""
-    from selenium.common.exceptions import (
-        NoSuchElementException,
-        StaleElementReferenceException,
-        TimeoutException,
-    )
-    from selenium.webdriver.support.ui import WebDriverWait
+    """`wait_until_sync` for `check(driver)`, with the page's console in the message if it
+    times out. The page rebuilds what changed on each event, so an element found a moment
+    ago may be gone: that is retried, not an error."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
-    waiting = WebDriverWait(
-        driver,
-        timeout,
-        poll_frequency=0.05,
-        ignored_exceptions=(StaleElementReferenceException, NoSuchElementException),
-    )
+    def on_page() -> T | NotYet:
+        try:
+            return check(driver)
+        except (StaleElementReferenceException, NoSuchElementException) as exc:
+            return NotYet(type(exc).__name__)
+
     try:
-        result: T = waiting.until(check)
-    except TimeoutException:
+        return wait_until_sync(on_page, timeout=timeout, what=what, poll=PAGE_POLL_S)
+    except WaitTimedOut as exc:
         console = json.dumps(driver.get_log("browser"), indent=1)
-        raise TimeoutException(f"not within {timeout} s: {what}; the console: {console}") from None
-    return result
+        raise WaitTimedOut(f"{exc}; the console: {console}") from None
 
 
 SHOWN_JS = """
@@ -128,4 +127,4 @@ def click(driver: Any, what: str, selector: str) -> None:
             found[0].click()
         return bool(found)
 
-    wait_until(driver, what, clicked)
+    wait_on_page(driver, clicked, what=what)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import httpx
@@ -22,12 +21,10 @@ import psutil
 from tests.e2e.cluster import free_port
 from tests.e2e.harness import RUNNER_MODULE
 from tests.e2e.shared_node import launch, stop_processes, wait_ready_url
-
-T = TypeVar("T")
+from tests.waiting import NotYet, wait_until_sync
 
 WAIT_TIMEOUT_S = 60.0
 """Generous: the machines that run tests are shared and slow by turns."""
-POLL_S = 0.05
 
 
 @attrs.define
@@ -67,18 +64,6 @@ class ClusterNode:
         self.process.wait()
 
 
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_TIMEOUT_S) -> T:
-    """`check()`'s first truthy value, polled until `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {timeout} s: {what}")
-        time.sleep(POLL_S)
-
-
 @contextmanager
 def shared_cluster(
     root: Path, size: int, *args: str, env: dict[str, str] | None = None
@@ -97,13 +82,17 @@ def shared_cluster(
             nodes.append(ClusterNode(f"n{i}", data_dir, process, ""))
         for node in nodes:
             node.url = wait_ready_url(node.process, node.data_dir)
-        wait_for("every node in one session", lambda: _converged(nodes))
+        wait_until_sync(
+            lambda: _converged(nodes), timeout=WAIT_TIMEOUT_S, what="every node in one session"
+        )
         yield nodes
     finally:
         stop_processes([node.process for node in nodes])
 
 
-def _converged(nodes: list[ClusterNode]) -> bool:
+def _converged(nodes: list[ClusterNode]) -> bool | NotYet:
     healths = [node.get("/health") for node in nodes]
     sessions = {repr(h["session"]) for h in healths}
-    return len(sessions) == 1 and all(h["session"] and h["nodes"] == len(nodes) for h in healths)
+    return (
+        len(sessions) == 1 and all(h["session"] and h["nodes"] == len(nodes) for h in healths)
+    ) or NotYet([(h["session"], h["nodes"]) for h in healths])

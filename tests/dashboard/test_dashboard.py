@@ -23,10 +23,11 @@ import attrs
 import httpx
 import pytest
 
+from tests.waiting import wait_until_sync
 from trexo.runner.hooks import HOOKS_ENV
 
-from .browser import click, console_errors, css, headless_chromium, shown, wait_until
-from .cluster import ClusterNode, shared_cluster, wait_for
+from .browser import click, console_errors, css, headless_chromium, shown, wait_on_page
+from .cluster import WAIT_TIMEOUT_S, ClusterNode, shared_cluster
 
 CHAT_MODEL = "trexo-demo-tiny"
 SPLIT_MODEL = "trexo-demo-tiny-varied"
@@ -68,7 +69,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Roles]:
             timeout=30.0,
         )
         assert placed.status_code == 201, placed.text
-        wait_for(f"{CHAT_MODEL} ready", lambda: model_ready(page, CHAT_MODEL))
+        wait_until_sync(
+            lambda: model_ready(page, CHAT_MODEL),
+            timeout=WAIT_TIMEOUT_S,
+            what=f"{CHAT_MODEL} ready",
+        )
         yield Roles(master, page, chat)
 
 
@@ -92,7 +97,7 @@ def choose(driver: Any, selector: str, value: str) -> None:
         select.select_by_value(value)
         return select.first_selected_option.get_attribute("value") == value
 
-    wait_until(driver, f"{value} offered", chosen)  # not offered yet: NoSuchElement, retried
+    wait_on_page(driver, chosen, what=f"{value} offered")  # not offered yet: NoSuchElement, retried
 
 
 def chat_runner(state: dict[str, Any]) -> str:
@@ -103,8 +108,8 @@ def chat_runner(state: dict[str, Any]) -> str:
 
 def open_page(driver: Any, node: ClusterNode, nodes: int) -> None:
     driver.get(f"{node.url}/")
-    wait_until(driver, "the live feed", lambda d: shown(d, '#connection[data-state="live"]'))
-    wait_until(driver, f"{nodes} nodes", lambda d: len(shown(d, "#nodes .node")) == nodes)
+    wait_on_page(driver, lambda d: shown(d, '#connection[data-state="live"]'), what="the live feed")
+    wait_on_page(driver, lambda d: len(shown(d, "#nodes .node")) == nodes, what=f"{nodes} nodes")
 
 
 def answer_length(driver: Any) -> int:
@@ -120,8 +125,8 @@ def stream_a_long_answer(driver: Any) -> float:
     css(driver, "#chat-input")[0].send_keys("Tell me about the cluster.")
     click(driver, "Send", "#chat-send")
     started = time.monotonic()
-    first = wait_until(driver, "the first text", answer_length)
-    wait_until(driver, "more text, streamed", lambda d: answer_length(d) > first + 10)
+    first = wait_on_page(driver, answer_length, what="the first text")
+    wait_on_page(driver, lambda d: answer_length(d) > first + 10, what="more text, streamed")
     return started
 
 
@@ -156,7 +161,7 @@ def test_the_page_shows_every_node_its_links_and_the_master(cluster: Roles, brow
     assert own["nodeId"] == cluster.page.node_id
     assert shown_master(browser) == cluster.master.node_id
     # Every node reports its links; three nodes linked pairwise are three lines.
-    wait_until(browser, "3 links", lambda d: len(shown(d, "#topology line.link")) == 3)
+    wait_on_page(browser, lambda d: len(shown(d, "#topology line.link")) == 3, what="3 links")
     # Each node's memory, and the chat model's runner where it runs.
     texts = {card["nodeId"]: str(card["text"]) for card in shown(browser, "#nodes .node", "nodeId")}
     assert all(" used" in text for text in texts.values())
@@ -180,7 +185,9 @@ def test_an_instance_placed_from_the_page_becomes_ready_and_goes_when_deleted(
         f'{pipeline}[data-node-ids="{a},{b}"], {pipeline}[data-node-ids="{b},{a}"]',
     )
     ready = f'.instance[data-model="{SPLIT_MODEL}"][data-status="ready"]'
-    [card] = wait_until(browser, f"{SPLIT_MODEL} ready", lambda d: shown(d, ready, "instanceId"))
+    [card] = wait_on_page(
+        browser, lambda d: shown(d, ready, "instanceId"), what=f"{SPLIT_MODEL} ready"
+    )
     instance_id = card["instanceId"]
     # The picture, in rank order: each node holds a contiguous range of the 4 layers.
     rows = shown(
@@ -196,15 +203,16 @@ def test_an_instance_placed_from_the_page_becomes_ready_and_goes_when_deleted(
     screenshot(browser, "dashboard.png")
 
     click(browser, "its Delete button", f'.instance[data-instance-id="{instance_id}"] .delete')
-    wait_until(
+    wait_on_page(
         browser,
-        "the instance gone from the page",
         lambda d: not shown(d, f'.instance[data-instance-id="{instance_id}"]'),
+        what="the instance gone from the page",
     )
     assert instance_id not in page.get("/state")["instances"]
-    wait_for(
-        "its runners stopped",
+    wait_until_sync(
         lambda: {page.name: page.runner_pids(), chat.name: chat.runner_pids()} == runners_before,
+        timeout=WAIT_TIMEOUT_S,
+        what="its runners stopped",
     )
     assert_no_console_errors(browser)
 
@@ -219,11 +227,7 @@ def test_a_chat_streams_and_stop_ends_the_generation_in_the_runner(
     [task] = page.get("/state")["tasks"].values()  # it is running in the cluster
 
     click(browser, "Stop", "#chat-stop")
-    wait_until(
-        browser,
-        "the chat stopped",
-        lambda d: chat_state(d) == "stopped",
-    )
+    wait_on_page(browser, lambda d: chat_state(d) == "stopped", what="the chat stopped")
     stopped_at = answer_length(browser)
 
     def generation_over() -> bool:
@@ -231,7 +235,7 @@ def test_a_chat_streams_and_stop_ends_the_generation_in_the_runner(
         runner = state["runners"][chat_runner(state)]
         return not state["tasks"] and runner["status"]["type"] == "RunnerReady"
 
-    wait_for("the runner idle again", generation_over, timeout=30.0)
+    wait_until_sync(generation_over, timeout=30.0, what="the runner idle again")
     # Far sooner than the 50 s the whole answer takes: the runner stopped generating.
     assert time.monotonic() - started < LONG_ANSWER_TOKENS * STEP_DELAY_S / 2
     assert task["task_id"].startswith("chatcmpl-")
@@ -260,9 +264,12 @@ def test_killing_the_master_shows_the_new_master(cluster: Roles, browser: Any) -
     assert new_master in {page.node_id, cluster.chat.node_id}
     assert event["session"]["clock"] > first["session"]["clock"]
 
-    wait_until(browser, "the new master", lambda d: shown_master(d) == new_master)
-    wait_until(
-        browser, "the master gone", lambda d: len(shown(d, "#nodes .node")) == 2, SHOWN_WITHIN_S
+    wait_on_page(browser, lambda d: shown_master(d) == new_master, what="the new master")
+    wait_on_page(
+        browser,
+        lambda d: len(shown(d, "#nodes .node")) == 2,
+        what="the master gone",
+        timeout=SHOWN_WITHIN_S,
     )
     page_saw = time.monotonic() - killed
     assert page_saw < SHOWN_WITHIN_S, page_saw
@@ -278,11 +285,7 @@ def test_killing_the_master_shows_the_new_master(cluster: Roles, browser: Any) -
     tokens.clear()
     tokens.send_keys("5")
     click(browser, "Send", "#chat-send")
-    wait_until(
-        browser,
-        "the chat done",
-        lambda d: chat_state(d) == "done",
-    )
+    wait_on_page(browser, lambda d: chat_state(d) == "done", what="the chat done")
     assert shown(browser, ".turn.assistant")[0]["text"]
     assert_no_console_errors(browser)
 

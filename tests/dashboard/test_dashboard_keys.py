@@ -15,10 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.waiting import wait_until_sync
 from trexo.runner.hooks import HOOKS_ENV
 
-from .browser import click, console_errors, css, headless_chromium, shown, wait_until
-from .cluster import ClusterNode, shared_cluster, wait_for
+from .browser import click, console_errors, css, headless_chromium, shown, wait_on_page
+from .cluster import WAIT_TIMEOUT_S, ClusterNode, shared_cluster
 from .test_dashboard import (
     CHAT_MODEL,
     LONG_ANSWER_TOKENS,
@@ -55,7 +56,9 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterNode]:
             timeout=30.0,
         )
         assert placed.status_code == 201, placed.text
-        wait_for(f"{CHAT_MODEL} ready", lambda: chat_ready(node))
+        wait_until_sync(
+            lambda: chat_ready(node), timeout=WAIT_TIMEOUT_S, what=f"{CHAT_MODEL} ready"
+        )
         yield node
 
 
@@ -74,14 +77,20 @@ def test_the_page_asks_for_the_key_then_shows_the_node_and_chats(
 ) -> None:
     assert httpx.get(f"{node.url}/state/events").status_code == 401
     browser.get(f"{node.url}/")
-    wait_until(browser, "the key asked for", key_asked)
-    wait_until(browser, "the feed locked", lambda d: shown(d, '#connection[data-state="locked"]'))
+    wait_on_page(browser, key_asked, what="the key asked for")
+    wait_on_page(
+        browser, lambda d: shown(d, '#connection[data-state="locked"]'), what="the feed locked"
+    )
     assert not shown(browser, "#nodes .node")
 
     css(browser, "#key-input")[0].send_keys(KEY)
     click(browser, "Use key", "#key-save")
-    wait_until(browser, "the live feed", lambda d: shown(d, '#connection[data-state="live"]'))
-    [card] = wait_until(browser, "the node", lambda d: shown(d, "#nodes .node", "nodeId", "master"))
+    wait_on_page(
+        browser, lambda d: shown(d, '#connection[data-state="live"]'), what="the live feed"
+    )
+    [card] = wait_on_page(
+        browser, lambda d: shown(d, "#nodes .node", "nodeId", "master"), what="the node"
+    )
     assert card["nodeId"] == node.node_id and card["master"] == "true"
     assert shown_master(browser) == node.node_id
     assert not key_asked(browser)
@@ -89,8 +98,12 @@ def test_the_page_asks_for_the_key_then_shows_the_node_and_chats(
     # A chat streams with the key, and Stop cancels it in the runner (POST /v1/cancel).
     started = stream_a_long_answer(browser)
     click(browser, "Stop", "#chat-stop")
-    wait_until(browser, "the chat stopped", lambda d: chat_state(d) == "stopped")
-    wait_for("the runner idle again", lambda: not keyed_get(node, "/state")["tasks"])
+    wait_on_page(browser, lambda d: chat_state(d) == "stopped", what="the chat stopped")
+    wait_until_sync(
+        lambda: not keyed_get(node, "/state")["tasks"],
+        timeout=WAIT_TIMEOUT_S,
+        what="the runner idle again",
+    )
     assert time.monotonic() - started < LONG_ANSWER_TOKENS * STEP_DELAY_S / 2
     assert not key_asked(browser)  # no request went without the key
 

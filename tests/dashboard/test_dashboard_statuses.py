@@ -25,7 +25,14 @@ from trexo.types.runner_status import (
 )
 from trexo.types.state import Instance, RunnerAssignment, RunnerRecord, State
 
-from .browser import click, console_errors, find_executables, headless_chromium, shown, wait_until
+from .browser import (
+    click,
+    console_errors,
+    find_executables,
+    headless_chromium,
+    shown,
+    wait_on_page,
+)
 
 STATUSES: dict[str, RunnerStatus] = {
     "loading": RunnerLoading(0.4),
@@ -67,7 +74,7 @@ async def test_every_status_live_and_an_api_error_as_a_message(nursery: trio.Nur
         with headless_chromium() as driver:
             driver.get(f"{url}/")
             expected = {f"inst-{name}": name for name in STATUSES}
-            wait_until(driver, "every status", lambda d: shown_statuses(d) == expected)
+            wait_on_page(driver, lambda d: shown_statuses(d) == expected, what="every status")
             assert "loading 40%" in card_text(driver, "loading")
             assert "41% of 100 B" in card_text(driver, "downloading")
             assert "failed: exit code 1 (out of memory?)" in card_text(driver, "failed")
@@ -80,10 +87,10 @@ async def test_every_status_live_and_an_api_error_as_a_message(nursery: trio.Nur
             trio.from_thread.run_sync(
                 lambda: setattr(node, "state", with_instances(node.state, ready))
             )
-            wait_until(
+            wait_on_page(
                 driver,
-                "loading -> ready",
                 lambda d: shown_statuses(d)["inst-loading"] == "ready",
+                what="loading -> ready",
             )
 
             # An error from the API is a message on the page, not swallowed.
@@ -91,8 +98,8 @@ async def test_every_status_live_and_an_api_error_as_a_message(nursery: trio.Nur
                 driver, "Place… of the too big model", f'tr[data-model="{TOO_BIG.model_id}"] .place'
             )
             click(driver, "Let the master choose", '#preview-list button[data-sharding="auto"]')
-            [error] = wait_until(
-                driver, "the error", lambda d: shown(d, '.message[data-kind="error"]')
+            [error] = wait_on_page(
+                driver, lambda d: shown(d, '.message[data-kind="error"]'), what="the error"
             )
             assert f"placing {TOO_BIG.model_id}: " in str(error["text"])
             assert "needs more memory than the cluster has" in str(error["text"])

@@ -15,11 +15,11 @@ import httpx
 import trio
 
 from tests.lab.netns import Host, Lab
+from tests.waiting import NotYet, wait_until
 
 from .harness import ISOLATED, TrexoProcess, run_trexo
 
 CONVERGE_TIMEOUT_S = 30.0
-POLL_S = 0.05
 HTTP_TIMEOUT_S = 10.0
 LAB_HTTP_TIMEOUT_S = 2.0
 LAB_API_PORT = 52415
@@ -144,18 +144,22 @@ class Cluster:
         (opened by its master), with `expect_nodes` nodes (by default, as many as it asks)."""
         asked = among if among is not None else self.live()
         want = expect_nodes if expect_nodes is not None else len(asked)
-        with trio.fail_after(timeout):
-            while True:
-                healths = [await self.health(n) for n in asked]
-                sessions = {repr(h["session"]) for h in healths if h is not None}
-                if (
-                    all(h is not None and h["session_opened"] for h in healths)
-                    and len(sessions) == 1
-                    and all(h is not None and h["nodes"] == want for h in healths)
-                ):
-                    session: dict[str, Any] = healths[0]["session"]  # type: ignore[index]
-                    return session
-                await trio.sleep(POLL_S)
+
+        async def converged() -> dict[str, Any] | NotYet:
+            healths = [await self.health(n) for n in asked]
+            sessions = {repr(h["session"]) for h in healths if h is not None}
+            if (
+                all(h is not None and h["session_opened"] for h in healths)
+                and len(sessions) == 1
+                and all(h is not None and h["nodes"] == want for h in healths)
+            ):
+                session: dict[str, Any] = healths[0]["session"]  # type: ignore[index]
+                return session
+            return NotYet(healths)
+
+        return await wait_until(
+            converged, timeout=timeout, what=f"{len(asked)} nodes in one session of {want}"
+        )
 
     def by_id(self, node_id: str) -> ClusterNode:
         for node in self.nodes:

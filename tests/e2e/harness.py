@@ -14,6 +14,8 @@ import attrs
 import psutil
 import trio
 
+from tests.waiting import NotYet, wait_until
+
 START_TIMEOUT_S = 120.0
 """Generous: building the demo model and loading it takes about a second here."""
 STOP_TIMEOUT_S = 15.0
@@ -107,20 +109,33 @@ async def run_trexo(
         )
     node = TrexoProcess(process, data_dir)
     try:
-        with trio.fail_after(START_TIMEOUT_S):
-            while not node.url:
-                if process.returncode is not None:
-                    raise RuntimeError(
-                        f"trexo exited with {process.returncode}: {node.log_text()[-2000:]}"
-                    )
-                for line in stdout_path.read_text(errors="replace").splitlines():
-                    if line.startswith("trexo is ready") and (match := URL.search(line)):
-                        node.url = match.group(0)
-                await trio.sleep(0.02)
+        node.url = await wait_until(
+            lambda: ready_url(node, stdout_path),
+            timeout=START_TIMEOUT_S,
+            what=f"the ready line of trexo in {data_dir}",
+        )
         yield node
     finally:
         with trio.CancelScope(shield=True):
             await stop(node)
+
+
+def ready_url(node: TrexoProcess, stdout_path: Path) -> str | NotYet:
+    """The URL in the node's ready line; an error if it exited before printing one."""
+    if node.process.returncode is not None:
+        raise RuntimeError(
+            f"trexo exited with {node.process.returncode}: {node.log_text()[-2000:]}"
+        )
+    for line in stdout_path.read_text(errors="replace").splitlines():
+        if line.startswith("trexo is ready") and (match := URL.search(line)):
+            return match.group(0)
+    return NotYet(last_line(node.log_text()))
+
+
+def last_line(text: str) -> str:
+    """The last line of a log (what a process was doing when a wait for it ran out)."""
+    lines = text.rstrip().splitlines()
+    return lines[-1] if lines else ""
 
 
 async def stop(node: TrexoProcess, sig: int = signal.SIGTERM) -> None:

@@ -18,9 +18,9 @@ import attrs
 import httpx
 import psutil
 
-from .harness import ISOLATED, START_TIMEOUT_S, STOP_TIMEOUT_S, URL
+from tests.waiting import NotYet, wait_until_sync
 
-POLL_S = 0.05
+from .harness import ISOLATED, START_TIMEOUT_S, STOP_TIMEOUT_S, URL
 
 
 @attrs.frozen
@@ -60,19 +60,17 @@ def wait_ready_url(
     process: subprocess.Popen[bytes], data_dir: Path, ready: Callable[[str], bool] = bool
 ) -> str:
     """The API URL of the node `launch` started, once it printed it and `ready(url)` holds."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    url = ""
-    while time.monotonic() < deadline:
+
+    def ready_url() -> str | NotYet:
         if process.poll() is not None:
             raise RuntimeError(f"trexo exited with {process.returncode}")
-        if not url:
-            for line in (data_dir / "stdout.log").read_text(errors="replace").splitlines():
-                if line.startswith("trexo is ready") and (match := URL.search(line)):
-                    url = match.group(0)
-        if url and ready(url):
-            return url
-        time.sleep(POLL_S)
-    raise TimeoutError(f"trexo in {data_dir} was not ready within {START_TIMEOUT_S} s")
+        for line in (data_dir / "stdout.log").read_text(errors="replace").splitlines():
+            if line.startswith("trexo is ready") and (match := URL.search(line)):
+                url = match.group(0)
+                return url if ready(url) else NotYet(f"{url} printed, not ready")
+        return NotYet("no ready line")
+
+    return wait_until_sync(ready_url, timeout=START_TIMEOUT_S, what=f"trexo in {data_dir} ready")
 
 
 def _model_ready(url: str, model: str) -> bool:

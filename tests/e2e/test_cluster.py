@@ -6,11 +6,13 @@ import os
 import signal
 import socket
 from pathlib import Path
+from typing import Any
 
 import openai
 import psutil
 import trio
 
+from tests.waiting import NotYet, wait_until
 from trexo.runner.hooks import HOOKS_ENV
 
 from .cluster import Cluster, ClusterNode, open_cluster
@@ -21,7 +23,15 @@ MESSAGES = [{"role": "user", "content": "What is a generator?"}]
 TIMEOUT_S = 60.0
 FAILOVER_BOUND_S = 15.0
 """Generous: catches hangs only; bench-election measures the real figures."""
-KILL_CYCLES = 20
+KILL_CYCLES = 6
+"""Each cycle kills the master, so the master moves every cycle and each node is killed and
+restarted in turn while the others live through the swaps with the model loaded. What the
+test catches — a process or a traceback left by a swap, descriptors that grow with each
+swap a node lives through — shows within a few swaps; six give every node process a chance
+to live through two or more. Long runs of kills are bench-election's (`-k`)."""
+FD_SLACK = 4
+"""Descriptors a node may hold more after some swaps than before them: a link or an HTTP
+connection still closing when it is counted."""
 
 
 async def master_of(cluster: Cluster) -> ClusterNode:
@@ -30,12 +40,13 @@ async def master_of(cluster: Cluster) -> ClusterNode:
 
 
 async def wait_new_master(cluster: Cluster, old_master_id: str) -> dict[str, object]:
-    with trio.fail_after(FAILOVER_BOUND_S):
-        while True:
-            session = await cluster.wait_converged(timeout=FAILOVER_BOUND_S)
-            if session["master_id"] != old_master_id:
-                return session
-            await trio.sleep(0.05)
+    async def new_session() -> dict[str, object] | NotYet:
+        session = await cluster.wait_converged(timeout=FAILOVER_BOUND_S)
+        return session if session["master_id"] != old_master_id else NotYet(session)
+
+    return await wait_until(
+        new_session, timeout=FAILOVER_BOUND_S, what=f"a master other than {old_master_id}"
+    )
 
 
 async def place(cluster: Cluster, via: ClusterNode, node: ClusterNode) -> str:
@@ -48,12 +59,27 @@ async def place(cluster: Cluster, via: ClusterNode, node: ClusterNode) -> str:
 
 
 async def wait_instance_ready(cluster: Cluster, node: ClusterNode) -> None:
-    with trio.fail_after(TIMEOUT_S):
-        while True:
-            state = (await cluster.http.get(f"{node.url}/state")).json()
-            if any(r["status"]["type"] == "RunnerReady" for r in state["runners"].values()):
-                return
-            await trio.sleep(0.05)
+    async def runner_ready() -> bool | NotYet:
+        state = (await cluster.http.get(f"{node.url}/state")).json()
+        statuses = [r["status"]["type"] for r in state["runners"].values()]
+        return "RunnerReady" in statuses or NotYet(statuses)
+
+    await wait_until(runner_ready, timeout=TIMEOUT_S, what=f"a runner ready, seen by {node.name}")
+
+
+async def wait_same_state(cluster: Cluster, nodes: list[ClusterNode]) -> list[dict[str, Any]]:
+    """The `/state` of each of `nodes`, once they are all the same."""
+
+    async def same_state() -> list[dict[str, Any]] | NotYet:
+        states = [(await cluster.http.get(f"{n.url}/state")).json() for n in nodes]
+        if all(s == states[0] for s in states):
+            return states
+        # What differs from the first node's, by node: enough to see what lags.
+        return NotYet([sorted(k for k in s if s[k] != states[0].get(k)) for s in states])
+
+    return await wait_until(
+        same_state, timeout=TIMEOUT_S, what=f"one state on {[n.name for n in nodes]}"
+    )
 
 
 async def greedy_text(node: ClusterNode, **extra: object) -> str:
@@ -79,12 +105,7 @@ async def test_three_nodes_converge_on_one_master_and_agree_on_state(tmp_path: P
         masters = [h for n in cluster.nodes if (h := await cluster.health(n)) and h["is_master"]]
         assert len(masters) == 1
         assert masters[0]["node_id"] == session["master_id"]
-        with trio.fail_after(TIMEOUT_S):
-            while True:
-                states = [(await cluster.http.get(f"{n.url}/state")).json() for n in cluster.nodes]
-                if all(s == states[0] for s in states):
-                    break
-                await trio.sleep(0.05)
+        states = await wait_same_state(cluster, cluster.nodes)
         assert set(states[0]["nodes"]) == {n.node_id for n in cluster.nodes}
 
 
@@ -114,17 +135,21 @@ async def test_a_frozen_master_is_replaced_and_demotes_itself_on_return(tmp_path
         os.kill(master.process.pid, signal.SIGSTOP)
         try:
             others = [n for n in cluster.nodes if n is not master]
-            with trio.fail_after(FAILOVER_BOUND_S):
-                while True:
-                    healths = [await cluster.health(n) for n in others]
-                    masters = {h["session"]["master_id"] for h in healths if h and h["session"]}
-                    if (
-                        len(masters) == 1
-                        and old not in masters
-                        and all(h and h["session"] for h in healths)
-                    ):
-                        break
-                    await trio.sleep(0.05)
+
+            async def others_agree_on_a_new_master() -> bool | NotYet:
+                healths = [await cluster.health(n) for n in others]
+                masters = {h["session"]["master_id"] for h in healths if h and h["session"]}
+                return (
+                    len(masters) == 1
+                    and old not in masters
+                    and all(h and h["session"] for h in healths)
+                ) or NotYet(masters)
+
+            await wait_until(
+                others_agree_on_a_new_master,
+                timeout=FAILOVER_BOUND_S,
+                what=f"the others agreeing on a master other than the frozen {old}",
+            )
         finally:
             os.kill(master.process.pid, signal.SIGCONT)
         session = await cluster.wait_converged(expect_nodes=3)
@@ -213,17 +238,24 @@ async def test_a_swap_while_a_runner_loads_does_not_wait_for_the_load(tmp_path: 
         assert master is not worker and worker.process is not None
         await cluster.wait_converged(expect_nodes=2)
         await place(cluster, worker, worker)
-        with trio.fail_after(TIMEOUT_S):
-            while '"RunnerLoading"' not in (await cluster.http.get(f"{worker.url}/state")).text:
-                await trio.sleep(0.02)
+
+        async def loading() -> bool:
+            return '"RunnerLoading"' in (await cluster.http.get(f"{worker.url}/state")).text
+
+        await wait_until(loading, timeout=TIMEOUT_S, what="the runner loading")
         runners = worker.process.runner_pids()
         assert master.process is not None
         os.kill(master.process.pid, signal.SIGKILL)
         killed = trio.current_time()
         # The worker's new session starts while its runner is still loading (4 s).
-        with trio.fail_after(FAILOVER_BOUND_S):
-            while not ((h := await cluster.health(worker)) and h["is_master"]):
-                await trio.sleep(0.01)
+
+        async def worker_is_master() -> bool:
+            return bool((h := await cluster.health(worker)) and h["is_master"])
+
+        # Polled every 10 ms: the time measured below is the election's, not the poll's.
+        await wait_until(
+            worker_is_master, timeout=FAILOVER_BOUND_S, what="the worker master", poll=0.01
+        )
         assert trio.current_time() - killed < 2.0
         with trio.fail_after(TIMEOUT_S):
             await wait_instance_ready(cluster, worker)
@@ -241,24 +273,29 @@ async def test_a_killed_nodes_instance_is_placed_again_on_a_survivor(tmp_path: P
         await wait_instance_ready(cluster, entry)
         assert host.process is not None
         os.kill(host.process.pid, signal.SIGKILL)
+
+        async def placed_again() -> set[str] | NotYet:
+            state = (await cluster.http.get(f"{entry.url}/state")).json()
+            placed_on = {
+                a["node_id"]
+                for i in state["instances"].values()
+                for a in i["assignments"]
+                if i["model"]["model_id"] == MODEL
+            }
+            ready = any(r["status"]["type"] == "RunnerReady" for r in state["runners"].values())
+            if placed_on and host.node_id not in placed_on and ready:
+                return placed_on
+            return NotYet({"placed_on": placed_on, "ready": ready})
+
+        placed_on = await wait_until(
+            placed_again, timeout=TIMEOUT_S, what=f"{MODEL} ready on a node other than the killed"
+        )
         with trio.fail_after(TIMEOUT_S):
-            while True:
-                state = (await cluster.http.get(f"{entry.url}/state")).json()
-                placed_on = {
-                    a["node_id"]
-                    for i in state["instances"].values()
-                    for a in i["assignments"]
-                    if i["model"]["model_id"] == MODEL
-                }
-                ready = any(r["status"]["type"] == "RunnerReady" for r in state["runners"].values())
-                if placed_on and host.node_id not in placed_on and ready:
-                    break
-                await trio.sleep(0.05)
             assert await greedy_text(entry)
         assert placed_on <= {master.node_id, entry.node_id}
 
 
-async def test_twenty_master_kills_with_a_loaded_model_leak_nothing(tmp_path: Path) -> None:
+async def test_master_kills_with_a_loaded_model_leak_nothing(tmp_path: Path) -> None:
     async with open_cluster(tmp_path) as cluster:
         await cluster.add_many(3, "--no-model")
         await cluster.wait_converged(expect_nodes=3)
@@ -266,9 +303,7 @@ async def test_twenty_master_kills_with_a_loaded_model_leak_nothing(tmp_path: Pa
         host = next(n for n in cluster.nodes if n is not first)
         await place(cluster, host, host)
         await wait_instance_ready(cluster, host)
-        fds_before = {
-            n.name: psutil.Process(n.process.pid).num_fds() for n in cluster.nodes if n.process
-        }
+        fds: dict[int, list[int]] = {}  # a node process's descriptors after each swap it saw
         for _ in range(KILL_CYCLES):
             master = await master_of(cluster)
             assert master.process is not None
@@ -277,17 +312,22 @@ async def test_twenty_master_kills_with_a_loaded_model_leak_nothing(tmp_path: Pa
             await wait_new_master(cluster, master.node_id)
             await cluster.start(master)
             await cluster.wait_converged(expect_nodes=3)
+            for node in cluster.live():
+                assert node.process is not None
+                fds.setdefault(node.process.pid, []).append(
+                    psutil.Process(node.process.pid).num_fds()
+                )
         # The model (kept, or placed again when its host was the master) still serves.
         survivor = next(n for n in cluster.nodes if n.alive)
         await wait_instance_ready(cluster, survivor)
         with trio.fail_after(TIMEOUT_S):
             assert await greedy_text(survivor)
+        lived_through_swaps = {pid: counts for pid, counts in fds.items() if len(counts) >= 3}
+        assert lived_through_swaps, fds
+        for pid, counts in lived_through_swaps.items():
+            assert counts[-1] <= counts[0] + FD_SLACK, (pid, counts)
         for node in cluster.nodes:
             assert node.process is not None
-            if node.name in fds_before and node.process.process.returncode is None:
-                # A node that lived through every cycle must not have grown its fd table.
-                now = psutil.Process(node.process.pid).num_fds()
-                assert now <= fds_before[node.name] + 8, (node.name, fds_before[node.name], now)
             log = node.process.log_text()
             assert "Traceback" not in log, log[-3000:]
 
@@ -300,9 +340,12 @@ async def test_peers_with_the_wrong_namespace_or_secret_are_refused(tmp_path: Pa
         )
         impostor = await cluster.add("--no-model", "--cluster-secret", "wrong")
         friend = await cluster.add("--no-model", "--cluster-secret", "s3cret")
-        with trio.fail_after(TIMEOUT_S):
-            while (h := await cluster.health(seed)) is None or h["nodes"] < 2:
-                await trio.sleep(0.05)
+
+        async def seed_has_a_peer() -> bool | NotYet:
+            health = await cluster.health(seed)
+            return (health is not None and health["nodes"] >= 2) or NotYet(health)
+
+        await wait_until(seed_has_a_peer, timeout=TIMEOUT_S, what="the seed joined by its friend")
         assert (
             seed.process is not None
             and stranger.process is not None
@@ -318,9 +361,7 @@ async def test_peers_with_the_wrong_namespace_or_secret_are_refused(tmp_path: Pa
                 and "namespace" in stranger.process.log_text()  # type: ignore[union-attr]
             )
 
-        with trio.fail_after(TIMEOUT_S):
-            while not refusals_logged():
-                await trio.sleep(0.05)
+        await wait_until(refusals_logged, timeout=TIMEOUT_S, what="both refusals logged")
         seen = set((await cluster.http.get(f"{seed.url}/state")).json()["nodes"])
         assert seen == {seed.node_id, friend.node_id}
 
@@ -369,11 +410,6 @@ async def test_a_node_joining_mid_session_catches_up_from_the_log(tmp_path: Path
         await wait_instance_ready(cluster, a)
         late = await cluster.add("--no-model")
         await cluster.wait_converged(expect_nodes=3)
-        with trio.fail_after(TIMEOUT_S):
-            while True:
-                states = [(await cluster.http.get(f"{n.url}/state")).json() for n in (a, late)]
-                if states[0] == states[1]:
-                    break
-                await trio.sleep(0.05)
+        states = await wait_same_state(cluster, [a, late])
         assert len(states[1]["instances"]) == 1
         assert await greedy_text(late) == await greedy_text(a)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import resource
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
 from api.raw_http import SLOW_BODY, host_port, parse_response, request_bytes
+
+from tests.waiting import NotYet, holds_for, wait_until
+from trexo.config import API_ACCEPT_RETRY_S
 
 from .fd_hog_node import HOGGED, RELEASED
 from .harness import TrexoProcess, run_trexo
@@ -34,21 +36,28 @@ def clean_log(node: TrexoProcess) -> str:
     return log
 
 
-async def wait_for(predicate: Callable[[], bool], bound: float, what: str) -> None:
-    with trio.move_on_after(bound):
-        while not predicate():
-            await trio.sleep(0.05)
-    assert predicate(), f"{what}: not within {bound} s"
-
-
-async def wait_until_served(url: str, bound: float = 10.0) -> httpx.Response:
+async def wait_served(url: str, bound: float = 10.0) -> httpx.Response:
     """GET /health until it answers 200 (503s while the node lets go of old connections)."""
     async with httpx.AsyncClient(base_url=url, timeout=bound) as http:
-        with trio.move_on_after(bound):
-            while (response := await http.get("/health")).status_code != 200:
-                await trio.sleep(0.05)
-    assert response.status_code == 200, response.text
-    return response
+
+        async def health_ok() -> httpx.Response | NotYet:
+            response = await http.get("/health")
+            return response if response.status_code == 200 else NotYet(response.text)
+
+        answer: httpx.Response = await wait_until(health_ok, timeout=bound, what="/health 200")
+        return answer
+
+
+def accept_queue(port: int) -> int | None:
+    """How many connections to `port` wait in the kernel for the listener to accept them
+    (a listening socket's rx_queue in /proc/net/tcp); None if nothing listens there."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, queues = fields[1], fields[3], fields[4]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                return int(queues.split(":")[1], 16)
+    return None
 
 
 async def test_connections_past_the_cap_are_refused_and_the_node_survives(
@@ -84,9 +93,26 @@ async def test_connections_past_the_cap_are_refused_and_the_node_survives(
                     for k, stream in enumerate(streams):
                         readers.start_soon(read_answer, k, stream)
                     refused = CONNECTIONS - CAP
-                    await wait_for(lambda: len(answers) >= refused, PHASE_BOUND_S, "refusals")
-                    await trio.sleep(0.5)  # and no more: the other connections are served
-                    assert len(answers) == refused
+                    await wait_until(
+                        lambda: len(answers) >= refused or NotYet(len(answers)),
+                        timeout=PHASE_BOUND_S,
+                        what=f"{refused} refusals",
+                    )
+                    await wait_until(
+                        lambda: accept_queue(address[1]) == 0,
+                        timeout=PHASE_BOUND_S,
+                        what="every connection accepted by the node",
+                    )
+                    # And no more: the other connections are served. Every connection is
+                    # accepted now, and a refusal is answered as soon as it is accepted (the
+                    # others came in one burst); a served one waits for the rest of its body.
+                    # So an answer more within 0.5 s would be a connection under the cap
+                    # refused or dropped.
+                    await holds_for(
+                        lambda: len(answers) == refused or NotYet(len(answers)),
+                        seconds=0.5,
+                        what=f"only the {refused} over the cap answered",
+                    )
                     assert node.process.returncode is None
                     readers.cancel_scope.cancel()
                 for data in answers.values():
@@ -96,7 +122,7 @@ async def test_connections_past_the_cap_are_refused_and_the_node_survives(
                     assert response.json()["error"]["code"] == "too_many_connections"
                 for stream in streams:
                     await stream.aclose()
-                await wait_until_served(node.url)
+                await wait_served(node.url)
             assert node.process.returncode is None
             assert "refused a connection with 503" in clean_log(node)
     finally:
@@ -108,27 +134,32 @@ async def test_a_node_out_of_file_descriptors_keeps_running(tmp_path: Path) -> N
         stdout = node.data_dir / "stdout.log"
         with trio.fail_after(PHASE_BOUND_S):
             node.process.send_signal(signal.SIGUSR1)
-            await wait_for(lambda: HOGGED in stdout.read_text(), 5.0, "fds used up")
+            await wait_until(lambda: HOGGED in stdout.read_text(), timeout=5.0, what="fds used up")
             waiting = await trio.open_tcp_stream(*host_port(node.url))  # queued, not accepted
             await waiting.send_all(request_bytes("GET", "/health", version="1.0"))
             # The worker re-reads /proc/meminfo every 5 s: that read fails now, and must not
             # end the session.
-            await wait_for(
+            await wait_until(
                 lambda: "could not read this node's memory figures" in node.log_text(),
-                12.0,
-                "the node report's read failing",
+                timeout=12.0,
+                what="the node report's read failing",
             )
-            with trio.move_on_after(0.2) as quiet:
+            # Not answered while out of descriptors: queued since before that read failed
+            # (seconds ago), and the listener retries `accept` every API_ACCEPT_RETRY_S, so
+            # within twice that it must fail again at least once and leave the client queued.
+            with trio.move_on_after(2 * API_ACCEPT_RETRY_S) as quiet:
                 early = await waiting.receive_some()
             assert quiet.cancelled_caught, f"got {early!r} while out of descriptors"
             node.process.send_signal(signal.SIGUSR2)
-            await wait_for(lambda: RELEASED in stdout.read_text(), 5.0, "fds released")
+            await wait_until(
+                lambda: RELEASED in stdout.read_text(), timeout=5.0, what="fds released"
+            )
             data = b""
             while chunk := await waiting.receive_some():
                 data += chunk
             await waiting.aclose()
             assert parse_response(data).status == 200
-            health = await wait_until_served(node.url)
+            health = await wait_served(node.url)
             assert health.json()["status"] == "ok"
         assert node.process.returncode is None
         log = clean_log(node)

@@ -17,6 +17,7 @@ import trio
 
 from tests.hub.fake_hub import FakeHub
 from tests.hub.repos import TIED, UNTIED
+from tests.waiting import NotYet, wait_answered, wait_until
 
 from .cluster import Cluster, ClusterNode, open_cluster
 from .harness import run_trexo
@@ -52,12 +53,14 @@ async def chat(node: ClusterNode, model: str) -> str:
 
 
 async def wait_serving(node: ClusterNode, model: str) -> str:
-    with trio.fail_after(TIMEOUT_S):
-        while True:
-            try:
-                return await chat(node, model)
-            except openai.APIError:
-                await trio.sleep(0.1)
+    """The first answer `node` gives a chat with `model` (until then, errors)."""
+    return await wait_answered(
+        lambda: chat(node, model),
+        retry_on=openai.APIError,
+        timeout=TIMEOUT_S,
+        what=f"{model} served by {node.name}",
+        poll=0.1,
+    )
 
 
 async def place(cluster: Cluster, via: ClusterNode, body: dict[str, Any]) -> str:
@@ -79,12 +82,15 @@ async def download_of(cluster: Cluster, via: ClusterNode, node: ClusterNode, mod
 async def wait_download(
     cluster: Cluster, via: ClusterNode, node: ClusterNode, model: str, done: Any
 ) -> dict[str, Any]:
-    with trio.fail_after(TIMEOUT_S):
-        while True:
-            progress = await download_of(cluster, via, node, model)
-            if progress is not None and done(progress):
-                return progress  # type: ignore[no-any-return]
-            await trio.sleep(0.05)
+    """The download's progress in the state, once `done(progress)` holds."""
+
+    async def reached() -> dict[str, Any] | NotYet:
+        progress = await download_of(cluster, via, node, model)
+        return progress if progress is not None and done(progress) else NotYet(progress)
+
+    return await wait_until(
+        reached, timeout=TIMEOUT_S, what=f"{node.name}'s download of {model} far enough"
+    )
 
 
 def download_pids(node: ClusterNode) -> list[int]:
@@ -95,6 +101,13 @@ def download_pids(node: ClusterNode) -> list[int]:
     except psutil.NoSuchProcess:
         return []
     return [p.pid for p in children if "trexo.hub.worker" in " ".join(p.cmdline())]
+
+
+def exited(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def snapshot_weights(cache: Path, repo_id: str) -> set[str]:
@@ -173,9 +186,9 @@ async def test_progress_reaches_the_state_and_deleting_the_instance_ends_its_dow
         assert "downloading the model (" in refused.value.message
         (pid,) = download_pids(node)
         (await cluster.http.delete(f"{node.url}/instances/{iid}")).raise_for_status()
-        with trio.fail_after(CANCEL_BOUND_S):
-            while psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie":
-                await trio.sleep(0.02)
+        await wait_until(
+            lambda: exited(pid), timeout=CANCEL_BOUND_S, what="the download process ended"
+        )
         stopped = await wait_download(
             cluster, node, node, TIED, lambda p: p["phase"] != "downloading"
         )
@@ -196,9 +209,9 @@ async def test_a_node_killed_mid_download_resumes_where_it_stopped(
         (worker,) = download_pids(node)
         assert node.process is not None
         os.kill(node.process.pid, signal.SIGKILL)
-        with trio.fail_after(CANCEL_BOUND_S):  # its download process goes with it (EOF)
-            while psutil.pid_exists(worker) and psutil.Process(worker).status() != "zombie":
-                await trio.sleep(0.02)
+        await wait_until(  # its download process goes with it (EOF)
+            lambda: exited(worker), timeout=CANCEL_BOUND_S, what="the download process ended"
+        )
         # Files are fetched a few at a time: each one under way left its partial file.
         kept = {p.name.split(".")[0]: p.stat().st_size for p in cache.glob("*/blobs/*.incomplete")}
         assert kept and sum(kept.values()) > 0

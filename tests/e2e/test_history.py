@@ -13,6 +13,7 @@ import httpx
 import openai
 import trio
 
+from tests.waiting import NotYet, wait_until
 from trexo import wire
 from trexo.master.session_store import read_newest_session, stored_sessions
 from trexo.types.state import State
@@ -22,7 +23,6 @@ from .harness import TrexoProcess, run_trexo, stop
 
 MODEL = "trexo-demo-tiny"
 TIMEOUT_S = 60.0
-POLL_S = 0.02
 
 
 async def chat(url: str, text: str, max_tokens: int = 4) -> str:
@@ -73,8 +73,12 @@ async def test_a_joiner_after_many_requests_catches_up_from_a_snapshot_and_serve
             assert before["events_in_memory"] < 20
             joiner = await cluster.add("--no-model")
             await cluster.wait_converged(expect_nodes=2)
-            while (await history(joiner))["snapshots_applied"] < 1:
-                await trio.sleep(POLL_S)
+
+            async def snapshot_applied() -> bool | NotYet:
+                report = await history(joiner)
+                return report["snapshots_applied"] >= 1 or NotYet(report)
+
+            await wait_until(snapshot_applied, timeout=TIMEOUT_S, what="the joiner's snapshot")
         assert "caught up from a snapshot" in joiner.process.log_text()  # type: ignore[union-attr]
         # The joiner serves: its request travels to the first node's runner and back.
         with trio.fail_after(TIMEOUT_S):
@@ -94,15 +98,15 @@ async def test_a_node_killed_mid_snapshot_restarts_with_nothing_lost(tmp_path: P
                 await chats(node.url, 2, at_once=2)
             async with trio.open_nursery() as load:
                 load.start_soon(chats, node.url, 8, 2)
-                while not list(events_dir.glob("*/snapshot-*.json.tmp")):
-                    await trio.sleep(POLL_S)
+                await wait_until(
+                    lambda: list(events_dir.glob("*/snapshot-*.json.tmp")),
+                    timeout=TIMEOUT_S,
+                    what="a snapshot being written",
+                )
                 load.cancel_scope.cancel()
-            # The master is blocked in the snapshot: what it broadcast is what /state shows
-            # once the node's view has applied it (it has when two reads agree).
-            served = await get_json(f"{node.url}/state")
-            while (again := await get_json(f"{node.url}/state")) != served:
-                served = again
-                await trio.sleep(0.2)
+            served = await wait_until(
+                lambda: all_broadcast_applied(node), timeout=TIMEOUT_S, what="the view caught up"
+            )
         os.kill(node.pid, signal.SIGKILL)
         await node.process.wait()
     stored = read_newest_session(events_dir)
@@ -116,6 +120,16 @@ async def test_a_node_killed_mid_snapshot_restarts_with_nothing_lost(tmp_path: P
             state = await get_json(f"{node.url}/state")
         assert set(state["instances"]) == set(served["instances"])
         assert "restored 1 instance(s)" in node.log_text()
+
+
+async def all_broadcast_applied(node: TrexoProcess) -> dict[str, Any] | NotYet:
+    """The node's `/state` once it shows every event its master broadcast: the master is
+    blocked in writing a snapshot, which stands at the last event it broadcast."""
+    report = await history(node)
+    served: dict[str, Any] = await get_json(f"{node.url}/state")
+    if served["last_index"] == report["snapshot_index"]:
+        return served
+    return NotYet({"applied": served["last_index"], "broadcast": report["snapshot_index"]})
 
 
 async def test_a_torn_tail_is_cut_and_old_sessions_are_pruned(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from trio_websocket import (
     open_websocket,
 )
 
+from tests.waiting import wait_until
 from trexo.config import MAX_JSON_DEPTH, PROTOCOL_VERSION
 from trexo.net import handshake as hs
 from trexo.net.handshake_io import dial_handshake
@@ -66,10 +67,16 @@ async def assert_healthy(node: TrexoProcess) -> None:
 
 
 async def wait_logged(node: TrexoProcess, *fragments: str) -> None:
-    with trio.fail_after(STEP_TIMEOUT_S):
-        while not any(all(f in line for f in fragments) for line in node.log_text().splitlines()):
-            assert node.process.returncode is None, node.log_text()[-3000:]
-            await trio.sleep(0.05)
+    """Until one line of the node's log has every one of `fragments`; the node must live."""
+
+    def logged() -> bool:
+        log = node.log_text()
+        if any(all(f in line for f in fragments) for line in log.splitlines()):
+            return True
+        assert node.process.returncode is None, log[-3000:]
+        return False
+
+    await wait_until(logged, timeout=STEP_TIMEOUT_S, what=f"a log line with {fragments}")
 
 
 def identity(name: str) -> hs.Identity:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,7 @@ import trio
 from tls_cert import make_self_signed
 from wire_relay import WireRelay
 
+from tests.waiting import NotYet, wait_answered, wait_until
 from trexo.config import API_KEY_ENV
 
 from .cluster import Cluster, ClusterNode, open_cluster
@@ -48,12 +50,13 @@ async def chat(node: ClusterNode, content: str, *, client: httpx.AsyncClient | N
 
 async def chat_once_relinked(node: ClusterNode, content: str) -> str:
     """A chat through `node`, retried while the cluster links again and elects."""
-    with trio.fail_after(RELINK_TIMEOUT_S):
-        while True:
-            try:
-                return await chat(node, content)
-            except openai.APIError:
-                await trio.sleep(0.2)
+    return await wait_answered(
+        lambda: chat(node, content),
+        retry_on=openai.APIError,
+        timeout=RELINK_TIMEOUT_S,
+        what=f"a chat through {node.name}",
+        poll=0.2,
+    )
 
 
 def closed_links(*nodes: ClusterNode) -> int:
@@ -67,10 +70,26 @@ async def poke(node: ClusterNode) -> None:
         await chat(node, "poke")
 
 
-async def wait_for(predicate: object, timeout: float = RELINK_TIMEOUT_S) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():  # type: ignore[operator]
-            await trio.sleep(0.05)
+async def spoil_a_message(
+    a: ClusterNode, b: ClusterNode, relay: WireRelay, spoil: Callable[[], None], connections: int
+) -> None:
+    """`spoil()` the relay's next message; until a node closed the link over it and the
+    relay carries its `connections`-th connection (the link made again)."""
+    closed = closed_links(a, b)
+    spoil()
+
+    async def link_closed() -> bool:
+        if closed_links(a, b) != closed:
+            return True
+        await poke(a)  # traffic for the relay to spoil
+        return False
+
+    await wait_until(link_closed, timeout=TIMEOUT_S, what="a link closed over the spoiled message")
+    await wait_until(
+        lambda: relay.connections >= connections or NotYet(relay.connections),
+        timeout=RELINK_TIMEOUT_S,
+        what=f"connection {connections} through the relay",
+    )
 
 
 async def pair_through_relay(
@@ -102,19 +121,11 @@ async def test_links_carry_no_prompt_in_clear_and_survive_tampering_and_replay(
             assert marker.encode() not in relay.recorded
             assert b"ChatCompletion" not in relay.recorded and b"Generate" not in relay.recorded
 
-        for attack, connections in (("tamper", 2), ("replay", 3)):
-            with trio.fail_after(TIMEOUT_S):
-                closed = closed_links(a, b)
-                if attack == "tamper":
-                    relay.tamper_next()
-                else:
-                    relay.replay_next()
-                while closed_links(a, b) == closed:
-                    await poke(a)
-                    await trio.sleep(0.05)
-                await wait_for(lambda n=connections: relay.connections >= n)  # type: ignore[misc]
-                await cluster.wait_converged(expect_nodes=2, timeout=RELINK_TIMEOUT_S)
-                assert await chat_once_relinked(a, f"{attack} {marker}")
+        spoilers = (("tamper", relay.tamper_next, 2), ("replay", relay.replay_next, 3))
+        for attack, spoil, connections in spoilers:
+            await spoil_a_message(a, b, relay, spoil, connections)
+            await cluster.wait_converged(expect_nodes=2, timeout=RELINK_TIMEOUT_S)
+            assert await chat_once_relinked(a, f"{attack} {marker}")
         assert (relay.tampered, relay.replayed) == (1, 1)
         assert marker.encode() not in relay.recorded
         assert a.alive and b.alive

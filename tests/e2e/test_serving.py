@@ -6,6 +6,7 @@ import json
 import os
 import signal
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from pathlib import Path
 
 import httpx
@@ -14,6 +15,7 @@ import psutil
 import pytest
 import trio
 
+from tests.waiting import NotYet, wait_until
 from trexo import catalog, wire
 from trexo.master.session_store import read_session, stored_sessions
 from trexo.runner.hooks import HOOKS_ENV
@@ -160,8 +162,11 @@ async def test_a_client_that_disconnects_cancels_its_generation(tmp_path: Path) 
                             request_id = json.loads(line.removeprefix("data:"))["id"]
                             break  # and disconnect
                 # The task leaves the state (the cancel went through the master) ...
-                while (await http.get(f"{node.url}/state")).json()["tasks"]:
-                    await trio.sleep(0.05)
+
+                async def no_tasks() -> bool:
+                    return not (await http.get(f"{node.url}/state")).json()["tasks"]
+
+                await wait_until(no_tasks, timeout=TIMEOUT_S, what="no task in the state")
                 # ... and the runner is free again: the next request does not wait 100 s.
                 quick = await http.post(
                     f"{node.url}/v1/chat/completions",
@@ -174,18 +179,21 @@ async def test_a_client_that_disconnects_cancels_its_generation(tmp_path: Path) 
         assert all("finished: cancelled" in line for line in ended if "finished" in line), ended
 
 
-async def wait_gone(pids: list[int]) -> list[int]:
-    with trio.move_on_after(GONE_BOUND_S):
-        while any(
-            psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-            for p in pids
-        ):
-            await trio.sleep(0.05)
-    return [
-        p
-        for p in pids
-        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-    ]
+def still_running(pids: list[int]) -> list[int]:
+    running = []
+    for pid in pids:
+        with suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+    return running
+
+
+async def wait_gone(pids: list[int]) -> None:
+    await wait_until(
+        lambda: not still_running(pids) or NotYet(still_running(pids)),
+        timeout=GONE_BOUND_S,
+        what="the runners gone",
+    )
 
 
 async def test_sigint_stops_the_node_and_its_runner(tmp_path: Path) -> None:
@@ -194,7 +202,7 @@ async def test_sigint_stops_the_node_and_its_runner(tmp_path: Path) -> None:
         assert runners, "the default model's runner should be running"
         await stop(node, signal.SIGINT)
         assert node.process.returncode == 0, node.log_text()[-2000:]
-        assert await wait_gone(runners) == []
+        await wait_gone(runners)
 
 
 async def test_sigkill_of_the_node_takes_its_runner_too(tmp_path: Path) -> None:
@@ -203,7 +211,7 @@ async def test_sigkill_of_the_node_takes_its_runner_too(tmp_path: Path) -> None:
         assert runners
         os.kill(node.pid, signal.SIGKILL)
         await node.process.wait()
-        assert await wait_gone(runners) == []
+        await wait_gone(runners)
 
 
 async def test_the_event_log_reads_back_into_the_served_state_without_the_prompt(
@@ -244,7 +252,7 @@ async def test_deleting_an_instance_stops_and_reaps_its_runner(node: TrexoProces
         (instance_id,) = (await http.get(f"{node.url}/state")).json()["instances"]
         deleted = await http.delete(f"{node.url}/instances/{instance_id}")
         assert deleted.status_code == 200, deleted.text
-        assert await wait_gone(runners) == []
+        await wait_gone(runners)
         state = (await http.get(f"{node.url}/state")).json()
         assert state["instances"] == {} and state["runners"] == {}
         gone = await http.post(
@@ -261,12 +269,16 @@ async def test_a_second_sigint_forces_exit_and_the_runner_still_goes(tmp_path: P
         runners = node.runner_pids()
         assert runners
         node.process.send_signal(signal.SIGINT)
-        await trio.sleep(0.005)  # the first has started the orderly stop
+        await wait_until(  # the first has started the orderly stop
+            lambda: "SIGINT: shutting down" in node.log_text(),
+            timeout=TIMEOUT_S,
+            what="the orderly stop begun",
+        )
         node.process.send_signal(signal.SIGINT)
         with trio.fail_after(TIMEOUT_S):
             await node.process.wait()
         assert node.process.returncode in (0, 130)
-        assert await wait_gone(runners) == []
+        await wait_gone(runners)
 
 
 async def test_models_say_placed_before_ready_and_created_is_stable(tmp_path: Path) -> None:
@@ -285,8 +297,12 @@ async def test_models_say_placed_before_ready_and_created_is_stable(tmp_path: Pa
 
             loading = await listing()
             assert (loading["placed"], loading["ready"], loading["loaded"]) == (True, False, False)
-            while not (ready := await listing())["ready"]:
-                await trio.sleep(0.05)
+
+            async def ready_listing() -> dict[str, object] | NotYet:
+                entry = await listing()
+                return entry if entry["ready"] else NotYet(entry)
+
+            ready = await wait_until(ready_listing, timeout=TIMEOUT_S, what=f"{MODEL} ready")
             assert ready["loaded"] is True
             served = await http.post(
                 f"{node.url}/v1/chat/completions",

@@ -13,6 +13,8 @@ import openai
 import psutil
 import trio
 
+from tests.waiting import wait_answered, wait_until
+
 from .cluster import Cluster, ClusterNode, open_cluster
 
 MODEL = "trexo-demo-tiny-varied"
@@ -72,21 +74,23 @@ async def state(cluster: Cluster, node: ClusterNode) -> dict[str, Any]:
 
 async def wait_serving(node: ClusterNode) -> tuple[str, int]:
     """Until a chat through `node` is answered; that answer."""
-    with trio.fail_after(TIMEOUT_S):
-        while True:
-            try:
-                return await chat(node)
-            except openai.APIError:
-                await trio.sleep(0.1)
+    return await wait_answered(
+        lambda: chat(node),
+        retry_on=openai.APIError,
+        timeout=TIMEOUT_S,
+        what=f"a chat through {node.name}",
+    )
 
 
 async def delete_all(cluster: Cluster, via: ClusterNode) -> None:
     for iid in (await state(cluster, via))["instances"]:
         response = await cluster.http.delete(f"{via.url}/instances/{iid}")
         assert response.status_code == 200, response.text
-    with trio.fail_after(TIMEOUT_S):
-        while any(n.process and n.process.runner_pids() for n in cluster.live()):
-            await trio.sleep(0.05)
+    await wait_until(
+        lambda: not any(n.process and n.process.runner_pids() for n in cluster.live()),
+        timeout=TIMEOUT_S,
+        what="every runner gone",
+    )
 
 
 async def reference(cluster: Cluster, node: ClusterNode) -> tuple[str, int]:
@@ -105,9 +109,11 @@ def alive(pid: int) -> bool:
 
 
 async def wait_exited(pids: list[int]) -> None:
-    with trio.fail_after(TEARDOWN_BOUND_S):
-        while any(alive(pid) for pid in pids):
-            await trio.sleep(0.02)
+    await wait_until(
+        lambda: not [pid for pid in pids if alive(pid)],
+        timeout=TEARDOWN_BOUND_S,
+        what=f"runners {pids} exited",
+    )
 
 
 async def test_split_instances_answer_token_for_token_like_the_whole_model(
@@ -162,16 +168,18 @@ async def test_a_killed_rank_tears_the_instance_down_and_it_is_rebuilt(tmp_path:
         epoch = next(iter((await state(cluster, a))["groups"].values()))["epoch"]
 
         failure: list[BaseException] = []
+        streaming = trio.Event()
 
         async def long_stream() -> None:
             try:
-                await streamed_text(a, 3000)
+                await streamed_text(a, 3000, on_first=streaming.set)
             except openai.APIError as exc:
                 failure.append(exc)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(long_stream)
-            await trio.sleep(0.5)
+            with trio.fail_after(TIMEOUT_S):
+                await streaming.wait()
             os.kill(rank1[0], signal.SIGKILL)
             await wait_exited(rank0 + rank1)  # every rank, not only the killed one
         assert failure, "the in-flight stream ended without an error"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.waiting import NotYet, wait_until
 from trexo.config import ElectionConfig
 from trexo.election import Election
 from trexo.election.clock_store import CLOCK_FILE, load_clock
@@ -25,6 +26,7 @@ from .memory_links import MemoryNetwork
 
 CONFIG = ElectionConfig(boot_grace=0.3, campaign_window=0.5)
 POLL_S = 0.001
+"""How often `converged` checks, in virtual time: fine enough to time a decision by it."""
 WAIT_S = 5.0
 
 
@@ -117,12 +119,6 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         nursery.cancel_scope.cancel()
 
 
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(WAIT_S):
-        while not predicate():
-            await trio.sleep(POLL_S)
-
-
 def agreed(nodes: list[Member]) -> Session | None:
     """The session all `nodes` hold (and handed on), with exactly one of them master."""
     handed_on = {n.sessions[-1] if n.sessions else None for n in nodes}
@@ -136,9 +132,12 @@ def agreed(nodes: list[Member]) -> Session | None:
 
 
 async def converged(nodes: list[Member]) -> Session:
-    await wait_until(lambda: agreed(nodes) is not None)
-    session = agreed(nodes)
-    assert session is not None
+    def check() -> Session | NotYet:
+        return agreed(nodes) or NotYet({n.node_id: n.session for n in nodes})
+
+    names = ", ".join(n.node_id for n in nodes)
+    session = await wait_until(check, timeout=WAIT_S, what=f"{names} agreed", poll=POLL_S)
+    assert isinstance(session, Session)
     return session
 
 
@@ -204,7 +203,9 @@ async def test_a_fourth_node_joining_changes_neither_master_nor_clock(
             for other in "abc":
                 h.connect("d", other)
         assert await converged(h.group("a", "b", "c", "d")) == before
-        await trio.sleep(2.0)  # nothing else happens
+        # Nothing else happens (virtual time): 2 s is past any boot grace or campaign window
+        # a node could have opened, so a round, had one started, would have decided.
+        await trio.sleep(2.0)
         for node in h.group("a", "b", "c"):
             assert node.sessions == [before]
             assert node.election is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from contextlib import suppress
 from pathlib import Path
 
 import attrs
@@ -10,6 +11,7 @@ import psutil
 import pytest
 import trio
 
+from tests.waiting import NotYet, wait_until
 from trexo.config import HubConfig
 from trexo.errors import NoDiskSpace, NotOnDisk, RepoAccessDenied, RepoNotFound
 from trexo.hub.cache import RepoCache
@@ -58,11 +60,14 @@ async def wait_progress(downloads: Downloads, model_id: str, done: object) -> Do
 
 
 def worker_processes() -> list[psutil.Process]:
-    return [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if "trexo.hub.worker" in " ".join(p.cmdline())
-    ]
+    """The download processes running now (one that has exited, a zombie until it is
+    reaped, no longer counts)."""
+    running = []
+    for process in psutil.Process().children(recursive=True):
+        with suppress(psutil.NoSuchProcess):  # ZombieProcess is one
+            if "trexo.hub.worker" in " ".join(process.cmdline()):
+                running.append(process)
+    return running
 
 
 async def test_a_repo_resolves_to_its_commit_with_its_size_and_layout(
@@ -143,9 +148,11 @@ async def test_a_stopped_download_resumes_where_it_stopped(
             await downloads.fetch(model)
     stopped = await wait_progress(downloads, TIED, lambda p: p.phase is DownloadPhase.CANCELLED)
     assert 0 < stopped.done_bytes < stopped.total_bytes
-    with trio.fail_after(5):  # the process is ended at once, not left to finish
-        while worker_processes():
-            await trio.sleep(0.02)
+    await wait_until(  # the process is ended at once, not left to finish
+        lambda: not (left := worker_processes()) or NotYet(left),
+        timeout=5.0,
+        what="the download process ended",
+    )
     cache = RepoCache(hub_config.cache_dir, TIED)
     # Files are fetched a few at a time: each of those under way left its partial file.
     kept = {p.name.split(".")[0]: p.stat().st_size for p in cache.folder.glob("blobs/*.incomplete")}

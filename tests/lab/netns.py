@@ -14,19 +14,26 @@ far side through a second veth into that bridge (`.253`, with a host route per h
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
+import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 
 import attrs
 
 IP = "ip"
 IP_TIMEOUT_S = 10.0
 LAB_NET_FIRST_OCTETS = (10, 213)
-"""The lab's /24s are 10.213.X.0/24 (X random per lab): private, and never routed here."""
+"""The lab's /24s are 10.213.X.0/24 (X free on this machine): private, never routed here."""
+LAB_LOCK = Path(tempfile.gettempdir()) / "trexo-lab.lock"
+"""Held while a lab picks its subnet and claims it, so labs built at once (parallel test
+workers) never share one."""
 TEST_SIDE_HOST = 254
 """The test's own address in the lab: .254."""
 TEST_FAR_SIDE_HOST = 253
@@ -119,36 +126,37 @@ def lab(n: int) -> Iterator[Lab]:
     """`n` hosts on one bridge; all of it removed on exit."""
     tag = f"{os.getpid() % 10000}{random.randrange(1000):03d}"
     prefix = f"tx{tag}"
-    subnet = f"{LAB_NET_FIRST_OCTETS[0]}.{LAB_NET_FIRST_OCTETS[1]}.{random.randrange(1, 250)}"
     bridge_ns = f"{prefix}br"
     made: list[str] = []
     test_devs = (f"{prefix}t", f"{prefix}u")
     try:
-        _ip("netns", "add", bridge_ns)
-        made.append(bridge_ns)
-        for bridge in (BRIDGE_DEV, FAR_BRIDGE_DEV):
-            _ip("-n", bridge_ns, "link", "add", bridge, "type", "bridge")
-            _ip("-n", bridge_ns, "link", "set", bridge, "up")
-        hosts = []
-        for i in range(n):
-            host = Host(f"{prefix}h{i}", f"{subnet}.{i + 1}", i)
-            _ip("netns", "add", host.namespace)
-            made.append(host.namespace)
-            _plug(host.namespace, HOST_DEV, f"{prefix}v{i}", bridge_ns, f"{host.address}/24")
-            _ip("-n", host.namespace, "link", "set", "lo", "up")
-            _ip("-n", host.namespace, "route", "add", MULTICAST_ROUTE, "dev", HOST_DEV)
-            hosts.append(host)
-        # The test's own side: a veth from this namespace into each bridge; the far one
-        # has no subnet route (a partition adds a host route per far-side host).
-        for dev, bridge, address in (
-            (test_devs[0], BRIDGE_DEV, f"{subnet}.{TEST_SIDE_HOST}/24"),
-            (test_devs[1], FAR_BRIDGE_DEV, f"{subnet}.{TEST_FAR_SIDE_HOST}/32"),
-        ):
-            _ip("link", "add", dev, "type", "veth", "peer", "name", f"{dev}b")
-            _ip("link", "set", f"{dev}b", "netns", bridge_ns)
-            _ip("-n", bridge_ns, "link", "set", f"{dev}b", "master", bridge, "up")
-            _ip("addr", "add", address, "dev", dev)
-            _ip("link", "set", dev, "up")
+        with _lab_lock():
+            subnet = _free_subnet()
+            _ip("netns", "add", bridge_ns)
+            made.append(bridge_ns)
+            for bridge in (BRIDGE_DEV, FAR_BRIDGE_DEV):
+                _ip("-n", bridge_ns, "link", "add", bridge, "type", "bridge")
+                _ip("-n", bridge_ns, "link", "set", bridge, "up")
+            hosts = []
+            for i in range(n):
+                host = Host(f"{prefix}h{i}", f"{subnet}.{i + 1}", i)
+                _ip("netns", "add", host.namespace)
+                made.append(host.namespace)
+                _plug(host.namespace, HOST_DEV, f"{prefix}v{i}", bridge_ns, f"{host.address}/24")
+                _ip("-n", host.namespace, "link", "set", "lo", "up")
+                _ip("-n", host.namespace, "route", "add", MULTICAST_ROUTE, "dev", HOST_DEV)
+                hosts.append(host)
+            # The test's own side: a veth from this namespace into each bridge; the far one
+            # has no subnet route (a partition adds a host route per far-side host).
+            for dev, bridge, address in (
+                (test_devs[0], BRIDGE_DEV, f"{subnet}.{TEST_SIDE_HOST}/24"),
+                (test_devs[1], FAR_BRIDGE_DEV, f"{subnet}.{TEST_FAR_SIDE_HOST}/32"),
+            ):
+                _ip("link", "add", dev, "type", "veth", "peer", "name", f"{dev}b")
+                _ip("link", "set", f"{dev}b", "netns", bridge_ns)
+                _ip("-n", bridge_ns, "link", "set", f"{dev}b", "master", bridge, "up")
+                _ip("addr", "add", address, "dev", dev)
+                _ip("link", "set", dev, "up")
         yield Lab(prefix, subnet, bridge_ns, tuple(hosts))
     finally:
         for dev in test_devs:
@@ -157,6 +165,30 @@ def lab(n: int) -> Iterator[Lab]:
         for namespace in reversed(made):
             with suppress(LabUnavailable):
                 _ip("netns", "del", namespace)  # its veth ends go with it
+
+
+@contextmanager
+def _lab_lock() -> Iterator[None]:
+    with LAB_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _free_subnet() -> str:
+    """A 10.213.X /24 that no lab on this machine holds now (the test side's addresses in
+    this namespace say which are taken)."""
+    listing = subprocess.run(
+        [IP, "-o", "-4", "addr", "show"], check=True, capture_output=True, text=True
+    ).stdout
+    first = f"{LAB_NET_FIRST_OCTETS[0]}.{LAB_NET_FIRST_OCTETS[1]}"
+    taken = set(re.findall(rf"inet {re.escape(first)}\.(\d+)\.", listing))
+    free = [x for x in range(1, 250) if str(x) not in taken]
+    if not free:
+        raise LabUnavailable(f"every {first}.X/24 is taken by other labs")
+    return f"{first}.{random.choice(free)}"
 
 
 def _plug(namespace: str, dev: str, bridge_side: str, bridge_ns: str, cidr: str) -> None:

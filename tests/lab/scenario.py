@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import openai
 import psutil
-import trio
 
 from tests.e2e.cluster import Cluster, ClusterNode, open_cluster
+from tests.waiting import wait_answered
 
 from .netns import Lab, lab
 
@@ -20,7 +20,8 @@ OTHER_MODEL = "trexo-demo-tiny-varied"
 MESSAGES = [{"role": "user", "content": "What is a generator?"}]
 SERVE_TIMEOUT_S = 90.0
 """Generous: a runner's start and load take seconds on a loaded 2-core machine."""
-POLL_S = 0.1
+RETRY_S = 0.1
+"""Pause between chats while a model is not served yet (each failed one is a request)."""
 
 
 @asynccontextmanager
@@ -85,23 +86,13 @@ async def chat(node: ClusterNode, model: str) -> str:
 
 async def wait_serving(node: ClusterNode, model: str) -> str:
     """Until a chat with `model` through `node`'s API is answered; its text."""
-    with trio.fail_after(SERVE_TIMEOUT_S):
-        while True:
-            try:
-                return await chat(node, model)
-            except openai.APIError:
-                await trio.sleep(POLL_S)
-
-
-async def wait_until(
-    check: Callable[[], Awaitable[bool]], timeout: float = SERVE_TIMEOUT_S
-) -> float:
-    """Poll `check` until it holds; the seconds it took."""
-    started = trio.current_time()
-    with trio.fail_after(timeout):
-        while not await check():
-            await trio.sleep(POLL_S)
-    return trio.current_time() - started
+    return await wait_answered(
+        lambda: chat(node, model),
+        retry_on=openai.APIError,
+        timeout=SERVE_TIMEOUT_S,
+        what=f"{model} served by {node.name}",
+        poll=RETRY_S,
+    )
 
 
 def gone(pids: list[int]) -> bool:

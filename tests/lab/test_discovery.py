@@ -9,16 +9,17 @@ from pathlib import Path
 import trio
 
 from tests.e2e.cluster import LAB_API_PORT
+from tests.waiting import wait_until
 
 from .scenario import (
     MODEL,
+    SERVE_TIMEOUT_S,
     instances_of,
     lab_cluster,
     master_and_followers,
     place,
     state,
     wait_serving,
-    wait_until,
 )
 
 REPLACE_BOUND_S = 5.0
@@ -80,10 +81,12 @@ async def test_a_cut_off_master_is_replaced_and_after_the_heal_there_is_one_mast
         await wait_serving(master, MODEL)
         await wait_serving(others[1], MODEL)
 
-        async def runners_match() -> bool:
+        def runners_match() -> bool:
             return all(
                 n.process is not None and len(n.process.runner_pids()) == int(n is holder)
                 for n in nodes
             )
 
-        await wait_until(runners_match)
+        await wait_until(
+            runners_match, timeout=SERVE_TIMEOUT_S, what=f"a runner on {holder.name} only"
+        )

@@ -16,17 +16,18 @@ from pathlib import Path
 import trio
 
 from tests.e2e.cluster import Cluster, ClusterNode
+from tests.waiting import NotYet, wait_until
 
 from .scenario import (
     MODEL,
     OTHER_MODEL,
+    SERVE_TIMEOUT_S,
     ids,
     instances_of,
     lab_cluster,
     place,
     state,
     wait_serving,
-    wait_until,
 )
 
 MERGE_BOUND_S = 6.0
@@ -95,17 +96,21 @@ async def test_both_sides_of_a_partition_serve_and_the_merge_keeps_one_sides_sta
         assert kept in sides.values()
         assert sorted(model for model, _ in kept) == [MODEL, OTHER_MODEL]  # one of each
 
-        async def runners_match_the_state() -> bool:
-            want = {n.node_id: 0 for n in nodes}
-            for _, holders in kept:
-                for holder in holders:
-                    want[holder] += 1
-            return all(
-                n.process is not None and len(n.process.runner_pids()) == want[n.node_id]
-                for n in nodes
-            )
+        want = {n.node_id: 0 for n in nodes}
+        for _, holders in kept:
+            for holder in holders:
+                want[holder] += 1
 
-        await wait_until(runners_match_the_state)
+        def runners_match_the_state() -> bool | NotYet:
+            have = {
+                n.node_id: len(n.process.runner_pids()) if n.process is not None else None
+                for n in nodes
+            }
+            return have == want or NotYet(have)
+
+        await wait_until(
+            runners_match_the_state, timeout=SERVE_TIMEOUT_S, what=f"runners as placed: {want}"
+        )
         for model in (MODEL, OTHER_MODEL):
             for node in (minority[0], majority[2]):
                 await wait_serving(node, model)

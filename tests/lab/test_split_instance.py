@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import trio
+
 from tests.e2e.cluster import Cluster, ClusterNode
+from tests.waiting import NotYet, wait_until
 
 from .scenario import (
     MODEL,
+    SERVE_TIMEOUT_S,
     gone,
     instances_of,
     lab_cluster,
@@ -17,7 +21,6 @@ from .scenario import (
     place,
     state,
     wait_serving,
-    wait_until,
 )
 
 TEARDOWN_BOUND_S = 15.0
@@ -43,18 +46,23 @@ async def test_a_pipeline_whose_host_is_cut_off_is_torn_down_and_placed_again(
 
         assert second.host is not None
         the_lab.cut(second.host)
-
-        async def first_rank_gone() -> bool:
-            return gone(first_rank)
-
-        teardown_s = await wait_until(first_rank_gone, TEARDOWN_BOUND_S)
+        cut_at = trio.current_time()
+        await wait_until(
+            lambda: gone(first_rank), timeout=TEARDOWN_BOUND_S, what="the first rank gone"
+        )
+        teardown_s = trio.current_time() - cut_at
         await cluster.wait_converged(among=[master, first])
         survivors = {master.node_id, first.node_id}
 
-        async def placed_again() -> bool:
-            return await placements(cluster, master) == [survivors]
+        async def placed_again() -> bool | NotYet:
+            placed = await placements(cluster, master)
+            return placed == [survivors] or NotYet(placed)
 
-        replaced_s = await wait_until(placed_again)
+        converged_at = trio.current_time()
+        await wait_until(
+            placed_again, timeout=SERVE_TIMEOUT_S, what=f"{MODEL} placed on the survivors only"
+        )
+        replaced_s = trio.current_time() - converged_at
         await wait_serving(first, MODEL)
         print(f"first rank gone {teardown_s:.2f} s after the cut; placed again {replaced_s:.2f} s")
 
@@ -64,8 +72,9 @@ async def test_a_pipeline_whose_host_is_cut_off_is_torn_down_and_placed_again(
             assert await placements(cluster, node) == [survivors]
         cut_node = second.process
 
-        async def cut_node_holds_no_runner() -> bool:
-            return not cut_node.runner_pids()
-
-        await wait_until(cut_node_holds_no_runner)
+        await wait_until(
+            lambda: not cut_node.runner_pids() or NotYet(cut_node.runner_pids()),
+            timeout=SERVE_TIMEOUT_S,
+            what="no runner left on the healed node",
+        )
         await wait_serving(second, MODEL)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.waiting import wait_until
 from trexo import wire
 from trexo.errors import MalformedMessage
 from trexo.master.event_log import open_event_log, read_log, scan_log
@@ -60,7 +61,9 @@ async def test_fsync_is_batched_and_done_on_close(tmp_path: Path) -> None:
         async with open_event_log(path, fsync_interval=3600.0) as ev_log:
             for event in events(20):
                 await ev_log.append(event)
-            await trio.sleep(0.2)  # let the flusher run its first fsync
+            await wait_until(
+                lambda: ev_log.statistics().fsyncs, timeout=5.0, what="the flusher's first fsync"
+            )
             stats = ev_log.statistics()
             # The first append woke the flusher; the rest wait out the (long) interval.
             assert 1 <= stats.fsyncs < 20

@@ -8,6 +8,7 @@ import pytest
 import trio
 from fd_exhaustion import exhausted_fds
 
+from tests.waiting import wait_until
 from trexo.fd_limit import is_fd_exhaustion
 from trexo.master.event_log import open_event_log, read_log
 from trexo.master.session_store import segment_path, session_dir
@@ -36,8 +37,12 @@ async def test_open_waits_for_descriptors_then_logs(
         async with trio.open_nursery() as nursery:
             with exhausted_fds():
                 nursery.start_soon(master)
-                await trio.sleep(0.3)
-                assert not appended.is_set()
+                await wait_until(
+                    lambda: "(attempt 3 of 100)" in caplog.text,
+                    timeout=5.0,
+                    what="the third failed open",
+                )
+                assert not appended.is_set()  # still out of descriptors: still waiting
         assert read_log(path) == [EVENT]
     assert f"event log {path}: Too many open files (attempt 1 of 100)" in caplog.text
     assert "Traceback" not in caplog.text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,6 +14,7 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket
 from wire_relay import serve_loopback
 
+from tests.waiting import NotYet
 from trexo.config import DiscoveryConfig, TransportConfig
 from trexo.net import handshake as hs
 from trexo.net.discovery import Discovery
@@ -101,10 +102,13 @@ async def wait_peers(router: Router, expected: Iterable[str], timeout: float = 5
             peers = await router.wait_peers_change(peers)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
+def connections_settled(*nodes: Node) -> bool | NotYet:
+    """Whether each node's only open connections are its links' (any duplicate, refused dial
+    or stray connection has closed): a check for `wait_until`."""
+    stats = {node.name: node.transport.statistics() for node in nodes}
+    if all(s.connections == s.links for s in stats.values()):
+        return True
+    return NotYet(stats)
 
 
 def messages(caplog: pytest.LogCaptureFixture) -> list[str]:

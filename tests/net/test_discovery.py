@@ -10,9 +10,11 @@ import attrs
 import pytest
 import trio
 
+from tests.waiting import NotYet, wait_until
 from trexo.config import DiscoveryConfig
+from trexo.errors import WireError
 from trexo.net import multicast
-from trexo.net.beacon import Beacon, encode_beacon
+from trexo.net.beacon import MAX_BEACON_BYTES, Beacon, decode_beacon, encode_beacon
 from trexo.types.ids import NodeId
 
 from .helpers import (
@@ -20,13 +22,32 @@ from .helpers import (
     TEST_TIMEOUT_S,
     free_udp_port,
     logged,
+    messages,
     start_node,
     wait_peers,
 )
 
+DISCOVERY_LOG = "trexo.net.discovery"
+
 
 def static(*ports: int) -> DiscoveryConfig:
     return attrs.evolve(NO_MULTICAST, static_peers=tuple(("127.0.0.1", p) for p in ports))
+
+
+async def failed_dials(caplog: pytest.LogCaptureFixture, port: int, count: int) -> None:
+    """Until discovery has failed to reach the static peer at `port` `count` more times (its
+    retries are logged at DEBUG after the first: capture that level)."""
+    retry = f"static peer 127.0.0.1:{port}: "
+
+    def failures() -> int:
+        return sum(line.startswith(retry) and "retrying in" in line for line in messages(caplog))
+
+    target = failures() + count
+    await wait_until(
+        lambda: failures() >= target or NotYet(failures()),
+        timeout=5.0,
+        what=f"{count} failed dials of 127.0.0.1:{port}",
+    )
 
 
 async def test_star_of_static_peers_becomes_a_full_mesh() -> None:
@@ -42,7 +63,10 @@ async def test_star_of_static_peers_becomes_a_full_mesh() -> None:
             nursery.cancel_scope.cancel()
 
 
-async def test_static_peer_is_redialled_after_it_comes_back() -> None:
+async def test_static_peer_is_redialled_after_it_comes_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=DISCOVERY_LOG)
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             b = await start_node(nursery, "b")
@@ -51,7 +75,7 @@ async def test_static_peer_is_redialled_after_it_comes_back() -> None:
             await wait_peers(a.router, ["b"])
             await b.stop()
             await wait_peers(a.router, [], timeout=2.0)
-            await trio.sleep(0.3)  # a few failed re-dials (connection refused) meanwhile
+            await failed_dials(caplog, port, 3)  # re-dials refused meanwhile; backoff at its cap
             b2 = await start_node(nursery, "b", port=port)  # the same node, restarted
             # Backoff is capped at redial_max (0.2 s in tests): back well within a second.
             await wait_peers(a.router, ["b"], timeout=2.0)
@@ -59,14 +83,15 @@ async def test_static_peer_is_redialled_after_it_comes_back() -> None:
             nursery.cancel_scope.cancel()
 
 
-async def test_static_peer_that_starts_late_is_dialled() -> None:
+async def test_static_peer_that_starts_late_is_dialled(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=DISCOVERY_LOG)
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
             port = listener.socket.getsockname()[1]
             await listener.aclose()  # a port nobody listens on (yet)
             a = await start_node(nursery, "a", discovery=static(port))
-            await trio.sleep(0.3)
+            await failed_dials(caplog, port, 2)  # the dial, and a retry, found nobody there
             await start_node(nursery, "b", port=port)
             await wait_peers(a.router, ["b"], timeout=2.0)
             nursery.cancel_scope.cancel()
@@ -81,9 +106,20 @@ async def test_static_peer_pointing_at_itself_is_given_up(
             a = await start_node(nursery, "a")
             # A second transport of the same node on another port, told to dial the first.
             again = await start_node(nursery, "a", discovery=static(a.port))
-            await trio.sleep(0.3)
-            assert logged(caplog, "is this node itself")
-            assert sum("self-link" in r.getMessage() for r in caplog.records) == 2  # once a side
+
+            def self_links() -> int:
+                return sum("self-link" in line for line in messages(caplog))
+
+            # Given up: discovery dials it no more, so the count of refusals is final.
+            await wait_until(
+                lambda: (
+                    (logged(caplog, "is this node itself") and self_links() >= 2)
+                    or NotYet(self_links())
+                ),
+                timeout=5.0,
+                what="the static self-link given up",
+            )
+            assert self_links() == 2  # once a side
             assert a.router.peers == frozenset() and again.router.peers == frozenset()
             nursery.cancel_scope.cancel()
 
@@ -132,23 +168,57 @@ def beacon_port() -> int:
     return port
 
 
-async def test_nodes_find_each_other_by_multicast(beacon_port: int) -> None:
+async def beacons_heard(
+    beacons: DiscoveryConfig,
+    counts: dict[NodeId, int],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Count, by node, the beacons sent to the group (as every node's listener hears them)."""
+    group = beacons.multicast_group
+    with await multicast.open_listener(group, beacons.discovery_port, "127.0.0.1") as sock:
+        task_status.started()
+        while True:
+            data, _ = await sock.recvfrom(MAX_BEACON_BYTES + 1)
+            try:
+                node_id = decode_beacon(data).node_id
+            except WireError:
+                continue  # not a beacon (the nodes ignore it too)
+            counts[node_id] = counts.get(node_id, 0) + 1
+
+
+async def test_nodes_find_each_other_by_multicast(
+    beacon_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trexo.net")
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             beacons = loopback_beacons(beacon_port)
+            heard: dict[NodeId, int] = {}
+            await nursery.start(beacons_heard, beacons, heard)
             a = await start_node(nursery, "a", discovery=beacons)
             b = await start_node(nursery, "b", discovery=beacons)
             c = await start_node(nursery, "c", discovery=beacons)
             other = await start_node(nursery, "d", discovery=beacons, namespace="elsewhere")
             for node in (a, b, c):
                 await wait_peers(node.router, {"a", "b", "c"} - {node.name})
-            await trio.sleep(0.3)  # several beacons of the other namespace went by
+            # Several beacons of the other namespace went by, to every node alike (one group).
+            seen = heard.get(NodeId("d"), 0)
+            await wait_until(
+                lambda: heard.get(NodeId("d"), 0) >= seen + 3,
+                timeout=5.0,
+                what="3 more beacons of d",
+            )
             assert other.router.peers == frozenset()
             assert "d" not in a.router.peers
+            assert not logged(caplog, "refused")  # not even dialled: no handshake refused it
             nursery.cancel_scope.cancel()
 
 
-async def test_stray_datagrams_on_the_discovery_port_are_ignored(beacon_port: int) -> None:
+async def test_stray_datagrams_on_the_discovery_port_are_ignored(
+    beacon_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trexo.net.transport")
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             cfg = loopback_beacons(beacon_port)
@@ -162,7 +232,12 @@ async def test_stray_datagrams_on_the_discovery_port_are_ignored(beacon_port: in
                 await multicast.send_beacon(
                     sender, encode_beacon(ghost), cfg.multicast_group, beacon_port
                 )
-            await trio.sleep(0.3)
+            # a heard the datagrams in order: past the ghost's, it has been through the junk.
+            await wait_until(
+                lambda: logged(caplog, "could not link to discovered peer zz-ghost"),
+                timeout=5.0,
+                what="the ghost's dial failed",
+            )
             b = await start_node(nursery, "b", discovery=cfg)
             await wait_peers(a.router, ["b"])
             await wait_peers(b.router, ["a"])

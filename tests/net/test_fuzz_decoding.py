@@ -126,6 +126,7 @@ def handshake_texts() -> st.SearchStrategy[str]:
 @with_known_killers("first")
 def test_the_acceptor_refuses_any_hostile_first_message(first: str) -> None:
     outcomes: list[Exception] = []
+    decided = trio.Event()
 
     async def handler(request: Any) -> None:
         ws = await request.accept()
@@ -133,6 +134,7 @@ def test_the_acceptor_refuses_any_hostile_first_message(first: str) -> None:
             await accept_handshake(ws, ME, ())
         except (PeerRefused, DialFailed) as exc:  # anything else fails the test
             outcomes.append(exc)
+            decided.set()
         await ws.aclose()
 
     async def main() -> None:
@@ -148,8 +150,7 @@ def test_the_acceptor_refuses_any_hostile_first_message(first: str) -> None:
                     except ConnectionClosed:
                         pass
                 with trio.fail_after(2):
-                    while not outcomes:
-                        await trio.sleep(0.005)
+                    await decided.wait()
                 nursery.cancel_scope.cancel()
 
     quiet_websocket_logs()

@@ -8,6 +8,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket
 
+from tests.waiting import holds_for, wait_until
 from trexo.errors import DialFailed, PeerRefused
 from trexo.net import handshake as hs
 from trexo.net.router import PeerUnreachable, Router
@@ -22,10 +23,10 @@ from .helpers import (
     TEST_TIMEOUT_S,
     FreezableProxy,
     Node,
+    connections_settled,
     logged,
     start_node,
     wait_peers,
-    wait_until,
 )
 
 LOG = "trexo.net"
@@ -51,10 +52,19 @@ async def test_connect_returns_existing_link() -> None:
             a = await start_node(nursery, "a")
             b = await start_node(nursery, "b")
             await b.connect(a)
+            history_a: list[frozenset[NodeId]] = []
+            history_b: list[frozenset[NodeId]] = []
+            await nursery.start(record_membership, a.router, history_a)
+            await nursery.start(record_membership, b.router, history_b)
             assert await b.connect(a) == "a"
             assert await a.connect(b) == "b"
-            await trio.sleep(0.3)  # let any duplicate be resolved
+            # Each dial made a second connection; both ends keep one and close the other.
+            await wait_until(
+                lambda: connections_settled(a, b), timeout=5.0, what="the duplicates closed"
+            )
             assert a.router.peers == {"b"} and b.router.peers == {"a"}
+            assert history_a == [] and history_b == []  # a replaced link is no lost peer
+            assert a.transport._links["b"].key == b.transport._links["a"].key
             nursery.cancel_scope.cancel()
 
 
@@ -89,15 +99,16 @@ async def test_publish_and_send_between_three_nodes() -> None:
                 await a.router.send(NodeId("b"), Topic.STREAM, failed)
                 got = await b_stream.receive()
                 assert got.payload == failed and got.sender == "a"
-                await trio.sleep(0.05)
-                with pytest.raises(trio.WouldBlock):
-                    c_stream.receive_nowait()  # point-to-point: c saw nothing
 
                 reply = CommandReply("cmd-1", result_id="i-1")
                 await a.router.publish(Topic.STREAM, reply)
                 for inbox in (b_stream, c_stream):
                     envelope = await inbox.receive()
                     assert type(envelope.payload) is CommandReply and envelope.payload == reply
+                # Point-to-point: c saw nothing. Had the send reached c, it would have come
+                # first, on the same in-order link from a as the broadcast.
+                with pytest.raises(trio.WouldBlock):
+                    c_stream.receive_nowait()
             nursery.cancel_scope.cancel()
 
 
@@ -234,8 +245,15 @@ async def test_silent_client_is_closed_after_the_handshake_timeout() -> None:
             nursery.cancel_scope.cancel()
 
 
-async def record_membership(router: Router, history: list[frozenset[NodeId]]) -> None:
+async def record_membership(
+    router: Router,
+    history: list[frozenset[NodeId]],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Append each new set of `router`'s peers to `history` (started: watching)."""
     peers = router.peers
+    task_status.started()
     while True:
         peers = await router.wait_peers_change(peers)
         history.append(peers)
@@ -247,8 +265,8 @@ async def dial_each_other_at_once() -> None:
         b = await start_node(nursery, "b")
         history_a: list[frozenset[NodeId]] = []
         history_b: list[frozenset[NodeId]] = []
-        nursery.start_soon(record_membership, a.router, history_a)
-        nursery.start_soon(record_membership, b.router, history_b)
+        await nursery.start(record_membership, a.router, history_a)
+        await nursery.start(record_membership, b.router, history_b)
         results: dict[str, NodeId] = {}
 
         async def dial(x: Node, y: Node) -> None:
@@ -258,7 +276,9 @@ async def dial_each_other_at_once() -> None:
             dials.start_soon(dial, a, b)
             dials.start_soon(dial, b, a)
         assert results == {"a": "b", "b": "a"}
-        await trio.sleep(0.2)  # any duplicate closes and settles
+        await wait_until(
+            lambda: connections_settled(a, b), timeout=5.0, what="the duplicate closed"
+        )
         # Exactly one link each way, and neither side ever saw the peer go.
         assert history_a == [{"b"}] and history_b == [{"a"}]
         assert a.transport._links["b"].key == b.transport._links["a"].key
@@ -286,14 +306,14 @@ async def test_duplicate_closed_by_the_peer_first_is_no_peer_lost(
             a = await start_node(nursery, "a", **slow_heartbeat)
             b = await start_node(nursery, "b", **slow_heartbeat)
             history: list[frozenset[NodeId]] = []
-            nursery.start_soon(record_membership, a.router, history)
+            await nursery.start(record_membership, a.router, history)
             await b.connect(a)  # the link b dialled: the one to lose
             await wait_peers(a.router, "b")
             # a dials b on a slow path: b adopts a's dial (smaller id) and closes its own at
             # once; a hears that close 0.2 s before b's Ready.
             proxy = FreezableProxy(b.port, reply_delay=0.2)
             assert await a.transport.connect("127.0.0.1", await nursery.start(proxy.run)) == "b"
-            await trio.sleep(0.2)
+            await wait_until(lambda: connections_settled(a, b), timeout=5.0, what="b's link closed")
             assert logged(caplog, "closed <Link to b", "as a duplicate; awaiting the kept one")
             assert history == [{"b"}]  # never lost
             assert a.transport._links["b"].key == b.transport._links["a"].key
@@ -313,16 +333,20 @@ async def test_cancelled_peer_is_detached_quickly() -> None:
             await wait_peers(b.router, "ac")
             seen: dict[str, float] = {}
 
-            async def watch(name: str, router: Router) -> None:
-                await router.wait_peers_change(router.peers)
+            async def watch(
+                name: str, router: Router, *, task_status: trio.TaskStatus[None]
+            ) -> None:
+                peers = router.peers
+                task_status.started()
+                await router.wait_peers_change(peers)
                 seen[name] = trio.current_time()
 
-            nursery.start_soon(watch, "a", a.router)
-            nursery.start_soon(watch, "b", b.router)
-            await trio.sleep(0.05)
-            died = trio.current_time()
-            c.scope.cancel()  # its sockets close as its tasks unwind
-            await wait_until(lambda: len(seen) == 2, timeout=2.0)
+            with trio.fail_after(2.0):
+                async with trio.open_nursery() as watchers:
+                    await watchers.start(watch, "a", a.router)
+                    await watchers.start(watch, "b", b.router)
+                    died = trio.current_time()
+                    c.scope.cancel()  # its sockets close as its tasks unwind
             assert a.router.peers == {"b"} and b.router.peers == {"a"}
             for name, when in seen.items():
                 assert when - died < 2.0, name
@@ -338,8 +362,13 @@ async def test_heartbeat_detects_a_frozen_peer() -> None:
             proxy = FreezableProxy(b.port)
             proxy_port = await nursery.start(proxy.run)
             assert await a.transport.connect("127.0.0.1", proxy_port) == "b"
-            await trio.sleep(0.5)  # heartbeats flow through the proxy: the link holds
-            assert a.router.peers == {"b"}
+            # Heartbeats flow through the proxy: the link holds. A link whose pings went
+            # unanswered would be closed within frozen_peer_bound; it holds longer than that.
+            await holds_for(
+                lambda: a.router.peers == {"b"},
+                seconds=FAST.frozen_peer_bound + FAST.heartbeat_interval,
+                what="the link through the proxy",
+            )
             proxy.freeze()
             frozen = trio.current_time()
             bound = FAST.frozen_peer_bound

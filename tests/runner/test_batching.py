@@ -7,6 +7,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from tests.waiting import NotYet, wait_until
 from trexo.runner.hooks import HOOKS_ENV
 from trexo.types.chunks import Chunk
 from trexo.types.generation import ChatMessage, GenerationRequest, SamplingParams
@@ -14,7 +15,7 @@ from trexo.types.ids import RequestId, new_id
 from trexo.worker.runner_supervisor import RunnerSupervisor
 
 from .group_helpers import running_group, tokens_of
-from .helpers import collect, in_process_greedy_tokens, running_supervisor
+from .helpers import TEST_TIMEOUT_S, collect, in_process_greedy_tokens, running_supervisor
 
 QUESTIONS = (
     "What does the yield statement do?",
@@ -80,8 +81,11 @@ async def test_a_cancelled_request_leaves_the_others_as_they_were(
         async with trio.open_nursery() as nursery:
             for request, out in zip(requests, results, strict=True):
                 nursery.start_soon(timed, runner, request, out)
-            while len(results[1].chunks) < 5:
-                await trio.sleep(0.01)
+            await wait_until(
+                lambda: len(results[1].chunks) >= 5,
+                timeout=TEST_TIMEOUT_S,
+                what="5 chunks of the request to cancel",
+            )
             await runner.cancel(requests[1].request_id)
     assert results[1].chunks[-1].finish_reason == "cancelled"
     assert len(tokens_of(results[1].chunks)) < MAX_TOKENS
@@ -97,9 +101,11 @@ async def test_the_next_turn_reads_only_its_new_tokens_and_answers_the_same(
         first = await collect(runner, chat(QUESTIONS[0]))
         answer = "".join(c.text for c in first)
         second = await collect(runner, chat(QUESTIONS[0], answer, QUESTIONS[1]))
-        with trio.fail_after(5):
-            while runner.prompt_cache.lookups < 2:
-                await trio.sleep(0.01)
+        await wait_until(  # the runner reports its cache after each generation
+            lambda: runner.prompt_cache.lookups >= 2 or NotYet(runner.prompt_cache),
+            timeout=5,
+            what="the second turn's cache report",
+        )
         cache = runner.prompt_cache
     # At least the first turn's prompt came from the cache (how much of its answer does too
     # depends on whether its text encodes back to the same tokens: with the demo model's

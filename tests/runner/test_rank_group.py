@@ -14,6 +14,7 @@ import attrs
 import pytest
 import trio
 
+from tests.waiting import NotYet, wait_until
 from trexo.errors import LoadFailed, RequestRejected, RunnerError, RunnerUnavailable
 from trexo.runner.hooks import HOOKS_ENV
 from trexo.types.ipc import GroupJoined
@@ -136,14 +137,22 @@ async def stream_until_first_token_then(
 
 async def wait_exited(ranks: list[RunnerSupervisor], since: float) -> list[float]:
     """Seconds from `since` until each rank's process had exited and been reaped."""
-    exited: list[float] = []
-    with trio.fail_after(GROUP_CONFIG.group_stall_timeout + EXIT_BOUND_S):
-        for rank in ranks:
-            # Not the status: a runner reports a failed load itself, before it exits.
-            while rank.exit_cause is None:
-                await trio.sleep(REAP_POLL_S)
-            exited.append(trio.current_time() - since)
-    return exited
+    exited: dict[int, float] = {}
+
+    def every_rank_reaped() -> bool | NotYet:
+        # Not the status: a runner reports a failed load itself, before it exits.
+        for k, rank in enumerate(ranks):
+            if k not in exited and rank.exit_cause is not None:
+                exited[k] = trio.current_time() - since
+        return len(exited) == len(ranks) or NotYet([rank.exit_cause for rank in ranks])
+
+    await wait_until(
+        every_rank_reaped,
+        timeout=GROUP_CONFIG.group_stall_timeout + EXIT_BOUND_S,
+        what="every rank reaped",
+        poll=REAP_POLL_S,  # the times are measured: to within this
+    )
+    return [exited[k] for k in range(len(ranks))]
 
 
 async def test_sigkill_of_a_rank_mid_generation_fails_the_request_and_ends_the_group(

@@ -7,13 +7,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 
+from tests.waiting import wait_until_sync
 from trexo import wire
 from trexo.runner.exit_codes import EXIT_OK, EXIT_PROTOCOL_ERROR
 from trexo.types.ipc import FromRunner, LoadModel, StatusReport, ToRunner
@@ -57,12 +57,25 @@ def test_runner_exits_cleanly_on_eof(tmp_path: Path) -> None:
     assert "parent closed the IPC socket" in (tmp_path / "runner.err").read_text()
 
 
+def ignores(pid: int, signum: int) -> bool:
+    """Whether the kernel discards `signum` for `pid` (its SigIgn mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(
+        next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16
+    )
+    return bool(mask & (1 << (signum - 1)))
+
+
 def test_runner_ignores_sigint(tmp_path: Path) -> None:
     with runner_child(tmp_path) as (proc, sock):
-        time.sleep(1.0)  # let it install its handlers
+        wait_until_sync(
+            lambda: ignores(proc.pid, signal.SIGINT),
+            timeout=TEST_TIMEOUT_S,
+            what="the runner ignoring SIGINT",
+        )
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.3)
-        assert proc.poll() is None
+        # A signal not ignored acts before the process next runs, so before it reads the
+        # EOF: a clean exit on EOF is proof that SIGINT did nothing.
         sock.close()
         assert proc.wait(TEST_TIMEOUT_S) == EXIT_OK
 

@@ -81,10 +81,12 @@ async def test_a_waiter_wakes_when_the_new_session_opens() -> None:
             tracker.set_session(session, view)
             seen = tracker.state()
             woken: list[bool] = []
+            woke = trio.Event()
 
             async def wait_for_change() -> None:
                 await tracker.wait_state_change(seen)
                 woken.append(tracker.opened)
+                woke.set()
 
             nursery.start_soon(wait_for_change)
             await router.publish(Topic.GLOBAL_EVENTS, node_event(session, 0, "c"))
@@ -92,9 +94,7 @@ async def test_a_waiter_wakes_when_the_new_session_opens() -> None:
             await trio.testing.wait_all_tasks_blocked()
             assert woken == []
             await router.publish(Topic.GLOBAL_EVENTS, IndexedEvent(session, 1, SessionOpened()))
-            with trio.fail_after(BOUND_S):
-                while not woken:
-                    await trio.sleep(0.01)
+            await woke.wait()
             assert woken == [True]
             assert set(tracker.state().nodes) == {"c"}
             nursery.cancel_scope.cancel()

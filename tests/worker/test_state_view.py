@@ -151,6 +151,8 @@ async def test_a_gap_asks_for_a_replay_and_is_repaired(
         await m.publish(1, 2, 3, 4)  # the replay; 2..4 are duplicates by now
         state = await m.view.wait_until(lambda s: s.last_index == 4)
         assert state == expected(5)
+        # Virtual time, 3 retry intervals: a re-request, had the gap persisted, would have
+        # been sent by then.
         await trio.sleep(3 * RETRY_S)
         assert m.pending_requests() == []  # repaired: no re-request
         assert m.view.statistics().replay_requests == 2  # the start, and the gap
@@ -170,7 +172,7 @@ async def test_a_persisting_gap_is_re_requested_after_the_timeout(
         assert trio.current_time() - start == pytest.approx(2 * RETRY_S)
         await m.publish(1)
         await m.view.wait_until(lambda s: s.last_index == 2)
-        await trio.sleep(3 * RETRY_S)
+        await trio.sleep(3 * RETRY_S)  # virtual time: past 3 more re-requests, had there been any
         assert m.pending_requests() == []
 
 
@@ -184,7 +186,7 @@ async def test_keeps_asking_until_the_first_event_arrives(
         assert trio.current_time() - start == pytest.approx(RETRY_S)
         await m.publish(0)
         await m.view.wait_until(lambda s: s.last_index == 0)
-        await trio.sleep(3 * RETRY_S)
+        await trio.sleep(3 * RETRY_S)  # virtual time: past 3 more requests, had there been any
         assert m.pending_requests() == []
 
 
@@ -244,10 +246,10 @@ async def test_an_unreachable_master_is_retried(autojump_clock: trio.testing.Moc
     with trio.fail_after(BOUND_S):
         async with trio.open_nursery() as nursery:
             view = await nursery.start(StateView(router, far).run)
-            await trio.sleep(RETRY_S / 2)
+            await trio.sleep(RETRY_S / 2)  # virtual time: between the first request and a retry
             assert view.statistics().replay_requests == 1  # sent into the void, no crash
             router.attach_link(far.master_id, Link())
-            await trio.sleep(RETRY_S)
+            await trio.sleep(RETRY_S)  # virtual time: past the retry, before the next one
             assert [e.payload.from_index for e in sent] == [0]
             assert sent[0].topic is Topic.COMMANDS
             nursery.cancel_scope.cancel()

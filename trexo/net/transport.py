@@ -21,6 +21,7 @@ import logging
 from contextlib import suppress
 from functools import partial
 
+import attrs
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -56,6 +57,19 @@ while it answers garbage, or a ping that arrives while we close (it then tries t
 state LOCAL_CLOSING: python-trio/trio-websocket#184). The connection is over either way."""
 
 
+@attrs.frozen
+class TransportStatistics:
+    """A snapshot of a `Transport`, in the style of trio's `statistics()` objects."""
+
+    links: int
+    """Linked peers."""
+    connections: int
+    """Connections open, either way, links or not (yet): handshaking, a duplicate or a
+    refused dial still closing. One per link once those have closed."""
+    accepted: int
+    """Connections accepted on the peer port since it opened (peers or not)."""
+
+
 class Transport:
     def __init__(self, router: Router, config: TransportConfig) -> None:
         self.router = router
@@ -63,6 +77,8 @@ class Transport:
         self._nursery: trio.Nursery | None = None
         self._port: int | None = None
         self._links: dict[NodeId, Link] = {}
+        self._connections = 0
+        self._accepted = 0
         self._dialing: set[NodeId] = set()
         self._links_changed = trio.Event()
         self._gossip_due = trio.Event()
@@ -82,6 +98,11 @@ class Transport:
     def links(self) -> dict[NodeId, PeerInfo]:
         """The linked peers, as gossip describes them."""
         return {peer: link.info for peer, link in self._links.items()}
+
+    def statistics(self) -> TransportStatistics:
+        return TransportStatistics(
+            links=len(self._links), connections=self._connections, accepted=self._accepted
+        )
 
     # --- service -----------------------------------------------------------------------------
 
@@ -155,6 +176,7 @@ class Transport:
         address = bounded(f"{host}:{port}")  # from gossip or a beacon: a peer chose it
         failure: LinkError | None = None
         started = _StartedFlag(task_status)
+        self._connections += 1
         try:
             # The websocket's reader runs in this nursery: the connection dies with this task.
             async with trio.open_nursery() as connection:
@@ -174,6 +196,8 @@ class Transport:
         except* READER_BREAKS:
             # trio-websocket's reader saw the connection break; the link (if any) is gone.
             failure = DialFailed(f"connection to {address} broke")
+        finally:
+            self._connections -= 1
         if failure is not None and not started.done:
             self._log_refusal(address, failure)
             raise failure
@@ -218,6 +242,8 @@ class Transport:
     async def _on_connection(self, stream: trio.SocketStream) -> None:
         """One task per incoming TCP connection (in our nursery); never raises but Cancelled."""
         address = _address(stream)
+        self._accepted += 1
+        self._connections += 1
         try:
             async with trio.open_nursery() as connection:
                 await self._accept(connection, stream, address)
@@ -228,6 +254,7 @@ class Transport:
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
+            self._connections -= 1
 
     async def _accept(self, nursery: trio.Nursery, stream: trio.SocketStream, address: str) -> None:
         cfg = self.config
