@@ -119,6 +119,11 @@ def _balanced(limit: int) -> re.Pattern[bytes]:
     return re.compile(pattern)
 
 
+# Compiled now, not at the first deep message: the regex compiler recurses once per level,
+# and a message may arrive on a deep stack.
+_balanced(MAX_JSON_DEPTH)
+
+
 # --- numbers, constants, surrogates ----------------------------------------------------------
 
 
