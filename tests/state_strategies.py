@@ -32,7 +32,7 @@ from trexo.types.runner_status import (
     RunnerStopped,
 )
 from trexo.types.shard import ShardSpec
-from trexo.types.state import Instance, NodeInfo, RunnerAssignment, Task
+from trexo.types.state import CommandDone, Instance, NodeInfo, RunnerAssignment, Task
 
 MODEL = ModelRef("m", "demo:tiny", 1000)
 
@@ -47,6 +47,12 @@ statuses = st.one_of(
     st.builds(RunnerRunning, st.integers(1, 8)),
     st.builds(RunnerFailed, st.text(max_size=10)),
     st.builds(RunnerStopped, st.text(max_size=10)),
+)
+command_records = st.builds(
+    CommandDone,
+    st.sampled_from([f"c{k}" for k in range(4)]),
+    st.sampled_from(["f1", "f2"]),
+    st.none() | instance_ids,
 )
 nodes = st.builds(
     NodeInfo,
@@ -105,8 +111,9 @@ tasks = st.builds(
 events: st.SearchStrategy[Event] = st.one_of(
     st.builds(NodeUpdated, nodes),
     st.builds(NodeRemoved, node_ids),
-    st.builds(InstanceCreated, instances()),
-    st.builds(InstanceDeleted, instance_ids),
+    st.builds(InstanceCreated, instances(), st.none() | command_records),
+    st.builds(InstanceDeleted, instance_ids, st.none() | command_records),
+    command_records,
     runner_changes(),
     st.builds(TaskCreated, tasks),
     st.builds(TaskStatusChanged, task_ids, st.sampled_from(["pending", "running"])),

@@ -6,7 +6,12 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+import trio
+
+from tests.hostile_templates import LOOPS, RAISES_ON_SYSTEM
 from trexo.catalog import local_model_ref
+from trexo.errors import GenerationRejected
 from trexo.hub.cache import RepoCache
 from trexo.prompt_counter import PromptCounter
 from trexo.types.generation import ChatMessage, GenerationRequest
@@ -63,3 +68,37 @@ async def test_a_prompt_it_cannot_count_is_left_to_the_runner(
     model = local_model_ref(no_template)
     assert await counter.budget(model, REQUEST) is None  # not a 500: the runner decides
     assert await counter.budget(model, REQUEST) is None
+
+
+def with_template(tmp_path: Path, tiny_model: Path, template: str) -> Path:
+    """A copy of the tiny model whose chat template is `template`."""
+    model = tmp_path / f"template-{abs(hash(template))}"
+    shutil.copytree(tiny_model, model)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = template
+    config_path.write_text(json.dumps(config))
+    return model
+
+
+async def test_a_template_that_raises_on_the_request_is_its_400(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    model = local_model_ref(with_template(tmp_path, tiny_model, RAISES_ON_SYSTEM))
+    counter = PromptCounter(tmp_path / "models", tmp_path / "hub")
+    system = GenerationRequest(
+        RequestId("r"), messages=(ChatMessage("system", "Be terse."), ChatMessage("user", "hi"))
+    )
+    with pytest.raises(GenerationRejected, match="System role not supported"):
+        await counter.budget(model, system)
+    assert await counter.budget(model, REQUEST) is not None  # others are counted as ever
+
+
+async def test_a_template_that_loops_is_a_400_within_its_budget(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    model = local_model_ref(with_template(tmp_path, tiny_model, LOOPS))
+    counter = PromptCounter(tmp_path / "models", tmp_path / "hub", render_timeout=0.2)
+    with trio.fail_after(60):  # bounds a hang: without the budget this takes hours
+        with pytest.raises(GenerationRejected, match=r"longer than 0\.2 s"):
+            await counter.budget(model, REQUEST)

@@ -11,7 +11,14 @@ from hypothesis import given
 from state_strategies import event_lists, events
 
 from trexo import wire
-from trexo.state import apply, apply_all, carry_over, rebuild_events
+from trexo.state import (
+    after_restart,
+    apply,
+    apply_all,
+    carry_over,
+    rebuild_events,
+    remember_command,
+)
 from trexo.types.downloads import DownloadPhase, DownloadProgress
 from trexo.types.events import (
     DownloadUpdated,
@@ -37,7 +44,15 @@ from trexo.types.runner_status import (
 )
 from trexo.types.session import Session
 from trexo.types.shard import ShardSpec
-from trexo.types.state import Instance, NodeInfo, RunnerAssignment, RunnerRecord, State, Task
+from trexo.types.state import (
+    CommandDone,
+    Instance,
+    NodeInfo,
+    RunnerAssignment,
+    RunnerRecord,
+    State,
+    Task,
+)
 
 N1, N2 = NodeId("n1"), NodeId("n2")
 I1 = InstanceId("i1")
@@ -288,3 +303,29 @@ def test_a_split_instance_forms_its_group_rank_by_rank_and_resets_to_a_new_epoch
     assert apply(reset, GroupReset(split.instance_id, 1)) == reset  # not a newer epoch
     assert split.instance_id not in apply(reset, InstanceDeleted(split.instance_id)).groups
     assert apply_all(State(), rebuild_events(reset)) == reset
+
+
+def test_commands_are_remembered_newest_last_and_bounded() -> None:
+    state = State()
+    for k in range(5):
+        state = remember_command(state, CommandDone(f"c{k}", "f", None), bound=3)
+    assert list(state.commands) == ["c2", "c3", "c4"]
+    # Done again: it moves to the newest place, so it is forgotten last.
+    state = remember_command(state, CommandDone("c2", "f", "i9"), bound=3)
+    assert list(state.commands) == ["c3", "c4", "c2"]
+    assert state.commands["c2"].result_id == "i9"
+    assert remember_command(state, None) is state
+
+
+def test_the_record_comes_with_the_placement_and_survives_a_restart() -> None:
+    done = CommandDone("c1", "f", "i2")
+    created = apply(base(), InstanceCreated(Instance(InstanceId("i2"), MODEL, ()), done))
+    assert created.commands == {"c1": done}
+    assert after_restart(created).commands == created.commands
+    assert carry_over(created).commands == created.commands
+    # A placement the state already has (a duplicate event) records nothing.
+    twice = apply(
+        created,
+        InstanceCreated(Instance(InstanceId("i2"), MODEL, ()), CommandDone("c2", "f", "i2")),
+    )
+    assert list(twice.commands) == ["c1"]

@@ -38,6 +38,7 @@ SLOW_PATHS = (
     "tests/hub/test_downloads.py",  # the download process
     "tests/hub/test_progress_view.py",
     "tests/engine/test_blas_setup.py",  # a fresh interpreter per check
+    "tests/test_schema_guard.py",  # a JSON schema compiler process per schema
 )
 
 SHARED_SCOPES = ("module", "package", "session")

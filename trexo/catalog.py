@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -15,6 +14,7 @@ from trexo.engine.demo_model import (
     ensure_demo_model,
 )
 from trexo.errors import ModelNotFound
+from trexo.json_file import read_json_object
 from trexo.types.models import DEMO_SOURCE_PREFIX, ModelLayout, ModelRef
 
 FLOAT32_BYTES = 4
@@ -68,10 +68,9 @@ def local_model_ref(path: Path) -> ModelRef:
 def read_layout(config_path: Path) -> ModelLayout | None:
     """The layout in an mlx-lm `config.json`; None if it is unreadable or lacks a field."""
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return layout_of(read_json_object(config_path))
+    except (OSError, ValueError):  # `BadJsonFile` is a ValueError
         return None
-    return layout_of(config) if isinstance(config, dict) else None
 
 
 def layout_of(config: Mapping[str, Any]) -> ModelLayout | None:
@@ -134,40 +133,6 @@ def _is_count(value: object) -> TypeGuard[int]:
 
 def builtin_models() -> list[ModelRef]:
     return [demo_model_ref(size) for size in DEMO_MODEL_NAMES]
-
-
-def hub_models(cache_root: Path) -> list[ModelRef]:
-    """Hub models this node's Hugging Face cache holds (pinned to the commit its `main`
-    names, else its newest snapshot), then the curated ones it does not: by name, unresolved."""
-    from trexo.errors import HubError
-    from trexo.hub.cache import cached_repos
-    from trexo.hub.curated import curated_models
-    from trexo.hub.resolve import cached_model
-
-    found: dict[str, ModelRef] = {}
-    for cache in cached_repos(cache_root):
-        try:
-            found[cache.repo_id] = cached_model(cache)
-        except HubError:
-            continue  # not a model we can run, or nothing of it is there yet
-    for entry in curated_models():
-        found.setdefault(entry.model_id, entry.model_ref())
-    return list(found.values())
-
-
-def is_on_disk(model: ModelRef, models_dir: Path, cache_root: Path) -> bool:
-    """Whether this node has every file of `model` (a demo model once built)."""
-    from trexo.hub.cache import RepoCache
-    from trexo.hub.local import has_everything
-
-    if (size := model.demo_size) is not None:
-        return (models_dir / demo_model_name(size) / "config.json").is_file()
-    revision = model.hub_revision
-    if revision is None:
-        return (Path(model.source) / "config.json").is_file()
-    cache = RepoCache(cache_root, revision.repo_id)
-    commit = cache.commit_of(revision.commit)
-    return commit is not None and has_everything(cache, commit)
 
 
 def model_dir(model: ModelRef, models_dir: Path) -> Path:

@@ -113,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="let web pages of ORIGIN (https://host[:port], or * for any) call the API "
         "(repeatable; default: no cross-origin access)",
     )
+    run.add_argument(
+        "--api-allowed-host",
+        action="append",
+        default=[],
+        type=_host_name,
+        metavar="NAME",
+        help="accept requests that name the node NAME in their Host header, besides "
+        "localhost, *.localhost, *.internal, IP addresses, --api-host and the machine's name "
+        "(repeatable; * accepts any name and gives up the defence against DNS rebinding)",
+    )
     _add_security_options(run)
     _add_limit_options(run)
     _add_hub_options(run)
@@ -357,6 +367,15 @@ def _origin(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _host_name(text: str) -> str:
+    from trexo.api.cross_site import normalize_host_name
+
+    try:
+        return normalize_host_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -463,6 +482,7 @@ def run_command(args: argparse.Namespace) -> int:
             ollama_port=args.ollama_port,
             max_connections=args.api_max_connections,
             cors_origins=tuple(args.cors_origin),
+            allowed_hosts=tuple(args.api_allowed_host),
             max_context_tokens=args.max_context_tokens,
             stalled_client_timeout=args.stalled_client_timeout,
             api_keys=api_keys,

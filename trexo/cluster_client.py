@@ -29,6 +29,7 @@ from trexo.config import (
     COMMAND_RESEND_MAX_S,
     COMMAND_WAIT_S,
     GENERATION_IDLE_TIMEOUT_S,
+    HUB_RESOLVE_TIMEOUT_S,
     ORPHAN_GRACE_S,
     STREAM_SEND_TIMEOUT_S,
 )
@@ -37,6 +38,8 @@ from trexo.errors import (
     CommandRefused,
     GenerationFailed,
     GenerationRejected,
+    HubUnreachable,
+    IdempotencyKeyReused,
     InstanceNotFound,
     ModelNotFound,
     ModelUnavailable,
@@ -46,10 +49,13 @@ from trexo.errors import (
     TaskNotFound,
 )
 from trexo.hub.listing import is_repo_id
+from trexo.idempotency import keyed_command_id
 from trexo.net.router import PeerUnreachable, Router
 from trexo.net.stream_hub import StreamEvent, StreamHub
 from trexo.net.topics import Topic
 from trexo.prompt_counter import PromptCounter
+from trexo.schema_guard import SchemaGuard
+from trexo.thread_pools import limiter
 from trexo.types.chunks import Chunk
 from trexo.types.commands import (
     CancelTask,
@@ -80,6 +86,7 @@ _REFUSALS: dict[RefusalKind, type[ClusterError]] = {
     RefusalKind.TASK_NOT_FOUND: TaskNotFound,
     RefusalKind.INSUFFICIENT_MEMORY: PlacementRefused,
     RefusalKind.UNSHARDABLE: PlacementRefused,
+    RefusalKind.KEY_REUSED: IdempotencyKeyReused,
     RefusalKind.INVALID: CommandRefused,
 }
 
@@ -191,6 +198,28 @@ class ChatStream:
         raise GenerationFailed(f"no output for {self._idle_timeout:.0f} s")
 
 
+async def resolve_on_hub(
+    resolve: Callable[[str], ModelRef], repo_id: str, *, bound: float
+) -> ModelRef:
+    """`resolve(repo_id)` (blocking: the hub's API) in a hub thread, within `bound` seconds in all;
+    `HubUnreachable` (503, retry) past it.
+
+    Hub threads are a pool of their own (`trexo.thread_pools`): a hub that drips its answer
+    holds only hub look-ups. Past the bound the thread is left to end on the hub requests'
+    own timeouts; it holds a hub thread until then, and no lock or file.
+    """
+    with trio.move_on_after(bound):
+        return await trio.to_thread.run_sync(
+            resolve, repo_id, limiter=limiter("hub"), abandon_on_cancel=True
+        )
+    raise HubUnreachable(f"the hub did not answer about {repo_id} within {bound:g} s")
+
+
+def _command_id(operation: str, idempotency_key: str | None) -> str:
+    """A command id: the same for every retry under one key, else a fresh one."""
+    return new_id() if idempotency_key is None else keyed_command_id(operation, idempotency_key)
+
+
 class ClusterClient:
     """Implements `trexo.api.handle.NodeHandle` for a node."""
 
@@ -204,12 +233,15 @@ class ClusterClient:
         command_wait: float = COMMAND_WAIT_S,
         idle_timeout: float = GENERATION_IDLE_TIMEOUT_S,
         prompt_counter: PromptCounter | None = None,
+        schema_guard: SchemaGuard | None = None,
         resolve_hub_model: Callable[[str], ModelRef] | None = None,
+        hub_resolve_timeout: float = HUB_RESOLVE_TIMEOUT_S,
         on_disk: Callable[[ModelRef], bool] = lambda _: False,
         prompt_caches: Callable[[], dict[RunnerId, PromptCacheStats]] = dict,
         history: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self._prompt_counter = prompt_counter
+        self._schema_guard = schema_guard or SchemaGuard()
         self._accepted_in: dict[RequestId, Session] = {}
         """The session whose master accepted each open stream's task."""
         self._router = router
@@ -218,6 +250,7 @@ class ClusterClient:
         self._catalog = catalog
         self._resolve_hub_model = resolve_hub_model
         """Blocking (the hub's API, in a worker thread): a repo id -> a pinned model."""
+        self._hub_resolve_timeout = hub_resolve_timeout
         self._on_disk = on_disk
         self._prompt_caches = prompt_caches
         self._history = history
@@ -319,8 +352,9 @@ class ClusterClient:
 
     async def _resolve_on_hub(self, repo_id: str) -> ModelRef:
         assert self._resolve_hub_model is not None
-        # Bounded by the hub requests' own timeouts; never abandoned, so no thread outlives us.
-        model = await trio.to_thread.run_sync(self._resolve_hub_model, repo_id)
+        model = await resolve_on_hub(
+            self._resolve_hub_model, repo_id, bound=self._hub_resolve_timeout
+        )
         log.info("resolved %s to %s", repo_id, model.source)
         return model
 
@@ -370,6 +404,7 @@ class ClusterClient:
             pause = COMMAND_RESEND_INITIAL_S
             try:
                 while True:
+                    self._hub.sent_to(command.command_id, session.master_id)
                     await self._router.send(session.master_id, Topic.COMMANDS, command)
                     await trio.sleep(pause)
                     pause = min(COMMAND_RESEND_MAX_S, 2 * pause)
@@ -387,6 +422,7 @@ class ClusterClient:
         sharding: PlacementSharding = "auto",
         node_count: int | None = None,
         only_if_absent: bool = False,
+        idempotency_key: str | None = None,
     ) -> InstanceId:
         return await self.place_model(
             await self.resolve_model(model_id),
@@ -394,6 +430,7 @@ class ClusterClient:
             sharding=sharding,
             node_count=node_count,
             only_if_absent=only_if_absent,
+            idempotency_key=idempotency_key,
         )
 
     async def place_model(
@@ -404,10 +441,11 @@ class ClusterClient:
         sharding: PlacementSharding = "auto",
         node_count: int | None = None,
         only_if_absent: bool = False,
+        idempotency_key: str | None = None,
     ) -> InstanceId:
         """Place `model` as given (see `place_instance`)."""
         command = PlaceInstance(
-            new_id(),
+            _command_id("place", idempotency_key),
             model,
             tuple(node_ids),
             sharding=sharding,
@@ -418,8 +456,10 @@ class ClusterClient:
         assert reply.result_id is not None
         return InstanceId(reply.result_id)
 
-    async def delete_instance(self, instance_id: InstanceId) -> None:
-        await self.command(DeleteInstance(new_id(), instance_id))
+    async def delete_instance(
+        self, instance_id: InstanceId, *, idempotency_key: str | None = None
+    ) -> None:
+        await self.command(DeleteInstance(_command_id("delete", idempotency_key), instance_id))
 
     async def cancel(self, request_id: RequestId) -> bool:
         try:
@@ -432,6 +472,9 @@ class ClusterClient:
         if self._prompt_counter is None:
             return None
         return await self._prompt_counter.budget(self.find_model(model_id), request)
+
+    async def check_schema(self, schema_json: str) -> None:
+        await self._schema_guard.check(schema_json)
 
     async def fail_orphaned_streams(self) -> None:
         """Node-lifetime: after each session change, end the streams the new session lost.
@@ -475,6 +518,8 @@ class ClusterClient:
             if self._sessions.session is not None:
                 self._accepted_in[rid] = self._sessions.session
             stream = ChatStream(events, self._idle_timeout)
+            if reply.lead_node is not None:
+                self._hub.stream_from(rid, reply.lead_node)  # chunks from anyone else are not its
             try:
                 await self._send_body(reply.lead_node, request)
                 yield stream

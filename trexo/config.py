@@ -103,6 +103,50 @@ DEFAULT_MAX_BATCH = 16
 PROMPT_CACHE_BYTES = 512 * 1024 * 1024
 """The runner's prompt cache (KV states of recent conversations) holds at most this much."""
 
+# --- untrusted computation (chat templates, JSON schemas) and worker threads ----------------
+
+TEMPLATE_RENDER_TIMEOUT_S = 2.0
+"""How long a chat template may take to render one request. Stock templates take
+milliseconds for a long conversation; a template past this is that request's error (400),
+and it bounds how long a looping template holds a thread (in a runner: the streams beside it)."""
+SCHEMA_COMPILE_TIMEOUT_S = 2.0
+"""How long a `response_format` JSON schema may take to compile (in its own process).
+Ordinary schemas compile in milliseconds, large ones in tens; a schema built to explode
+(an `allOf` of regex patterns) takes seconds to minutes, and is that request's 400. A runner
+compiles an accepted schema again on its compute thread, so this also bounds that stall."""
+SCHEMA_COMPILE_MEMORY_BYTES = 1024 * 1024 * 1024
+"""Address space of the process compiling a schema (`RLIMIT_AS`): the interpreter and
+llguidance take ~30 MB; 22 hostile regex patterns asked for 7.7 GB."""
+SCHEMA_COMPILE_START_TIMEOUT_S = 60.0
+"""How long the compiling process may take to start (a fresh interpreter: ~0.1 s, seconds on a
+busy machine). Bounds silence; past it the request is answered 503, retry."""
+SCHEMA_COMPILE_PROCESSES = 2
+"""Schemas compiled at once (each in its own process, up to `SCHEMA_COMPILE_MEMORY_BYTES`);
+more wait their turn."""
+SCHEMA_COMPILE_QUEUE_TIMEOUT_S = 30.0
+"""How long a schema waits for its turn to compile; past it the request is answered 503,
+retry (a flood of hostile schemas holds each turn for `SCHEMA_COMPILE_TIMEOUT_S` at most)."""
+SCHEMA_VERDICT_CACHE_SIZE = 256
+"""Schemas whose verdict is remembered: a client sends the same schema with every request,
+and only the first pays for a process."""
+SCHEMA_MATCHERS_CACHED = 16
+"""Compiled schemas a runner keeps to copy for the next request with the same schema."""
+EVENT_LOG_THREADS = 4
+"""Worker threads for the master's event log and snapshots (writes, fsyncs, reads). Its own
+pool: no other kind of blocking work can take them, so the log never waits behind a hub or
+a template."""
+PROMPT_THREADS = 4
+"""Worker threads that load tokenizers and count prompt tokens on the API's node."""
+HUB_THREADS = 8
+"""Worker threads for hub look-ups (resolving a model name to a commit); a slow hub holds at
+most these."""
+HUB_RESOLVE_TIMEOUT_S = 60.0
+"""A hub look-up (name to commit, file list) that has not answered in this long is answered
+503 (retry); a hub dripping its answer byte by byte never gets further."""
+FILE_THREADS = 8
+"""Worker threads for local files and figures (finding or building a model's directory,
+reading memory figures)."""
+
 # --- split instances (one model across several nodes) ---------------------------------------
 
 GROUP_INIT_TIMEOUT_S = 10.0
@@ -240,6 +284,12 @@ files are kept whatever their size; a snapshot bounds them)."""
 
 REMEMBERED_REPLIES = 10_000
 """Replies the master keeps to answer a resent command without deciding it twice."""
+REMEMBERED_COMMANDS = 1024
+"""Placements and deletions the cluster state remembers by command id (~150 B each), so a
+retry with the same idempotency key, or a resend to the next master, is answered from what
+was done rather than done twice. Older ones are forgotten first."""
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+"""The longest `Idempotency-Key` header the API takes (printable ASCII)."""
 
 
 @attrs.frozen
@@ -367,6 +417,9 @@ class ApiConfig:
     cors_origins: tuple[str, ...] = ()
     """Origins whose web pages may call the API (`*`: any); none by default."""
     cors_max_age: int = API_CORS_MAX_AGE_S
+    allowed_hosts: tuple[str, ...] = ()
+    """Names `Host` may give besides loopback names, IP addresses and `host` (`*`: any
+    name); against DNS rebinding (`trexo.api.cross_site`)."""
     ollama_port: int | None = None
     """A second listener of the same API on `host`, for Ollama clients (`OLLAMA_PORT`);
     None: none; 0 picks a free port. Both listeners share `max_connections`."""
@@ -418,6 +471,30 @@ PEER_MESSAGE_QUEUE = 64
 GARBAGE_LIMIT = 20
 """More bad messages than this from one peer within `GARBAGE_WINDOW_S` disconnects it."""
 GARBAGE_WINDOW_S = 10.0
+PEER_MAX_HANDSHAKES = 128
+"""Incoming connections at most that have not finished the handshake; one more is closed at
+once. A handshake costs ~0.5 ms of CPU (a key exchange, an HMAC): this many ready at the same
+moment hold the event loop ~60 ms, well inside the heartbeat timeout, so a flood of them
+cannot starve established links. A cluster links each pair of nodes once."""
+PEER_MAX_HANDSHAKES_PER_HOST = 16
+"""The same, per source address: one flooding address cannot take every slot. A node dials
+each peer once (twice while two dial each other), and a test cluster on one loopback
+address a few nodes at once; 16 leaves room for both."""
+PEER_REFUSALS_LOG_INTERVAL_S = 10.0
+"""During a flood, refused connections are logged in one line per this long, not one each."""
+PEER_HANDSHAKE_MESSAGE_BYTES = 16 * 1024
+"""The largest message either side takes before the handshake ends (a larger one closes the
+connection, code 1009, unread). A hello lists at most `GOSSIP_DIAL_TARGETS` peers: ~7.5 KB
+with the longest ids and addresses, decoded in ~0.2 ms. Without this bound the link's
+(`hard_message_bytes`, 64 MiB) applied to anyone who connects: a 16 MB hello held the event
+loop ~0.9 s, past the heartbeat timeout, and each admitted connection could buffer 64 MiB."""
+GOSSIP_DIAL_TARGETS = 64
+"""Addresses at most taken from one gossiped list, and waiting to be dialled: more peers than
+a cluster has; the rest of a list is ignored, with a log line."""
+GOSSIP_DIAL_RATE = 8.0
+"""Dials per second, at most, of nodes heard of through gossip or beacons ..."""
+GOSSIP_DIAL_BURST = 16
+"""... after a first burst of this many: a new node dials a small cluster's peers at once."""
 
 
 @attrs.frozen
@@ -442,6 +519,12 @@ class TransportConfig:
     garbage_limit: int = GARBAGE_LIMIT
     garbage_window: float = GARBAGE_WINDOW_S
     message_queue: int = PEER_MESSAGE_QUEUE
+    max_handshakes: int = PEER_MAX_HANDSHAKES
+    max_handshakes_per_host: int = PEER_MAX_HANDSHAKES_PER_HOST
+    handshake_message_bytes: int = PEER_HANDSHAKE_MESSAGE_BYTES
+    gossip_dial_targets: int = GOSSIP_DIAL_TARGETS
+    dial_rate: float = GOSSIP_DIAL_RATE
+    dial_burst: int = GOSSIP_DIAL_BURST
 
     @property
     def hard_message_bytes(self) -> int:
@@ -505,6 +588,16 @@ ELECTION_CAMPAIGN_WINDOW_S = 0.5
 """Longest a campaign waits for a silent peer; it ends as soon as every linked peer answered."""
 FORCE_MASTER_SENIORITY = 1 << 40
 """`--force-master`: a seniority no number of won rounds can reach, so the node always wins."""
+ELECTION_MAX_CLOCK_STEP = 1024
+"""The most a peer's election message may put a clock ahead of the highest this node knows;
+past it the message is dropped, and this node moves its own clock up by this much and asks
+the sender again. Honest clocks move one per round, so a gap this large means a node that
+missed a thousand rounds (or lost its clock file): it catches up a step per exchange, in
+milliseconds. A hostile peer moves a node by no more than this per message."""
+ELECTION_MAX_CLOCK = (1 << 53) - 1
+"""No clock goes past this: its successor is still an integer every peer's JSON decoder
+takes (`MAX_JSON_INT_DIGITS`), and a browser reading `/health` holds it exactly. At a step
+per message, a peer needs 2**43 messages to get there."""
 
 
 @attrs.frozen
@@ -514,6 +607,8 @@ class ElectionConfig:
     boot_grace: float = ELECTION_BOOT_GRACE_S
     campaign_window: float = ELECTION_CAMPAIGN_WINDOW_S
     force_master_seniority: int = FORCE_MASTER_SENIORITY
+    max_clock_step: int = ELECTION_MAX_CLOCK_STEP
+    max_clock: int = ELECTION_MAX_CLOCK
 
 
 # --- model downloads (Hugging Face) -----------------------------------------------------------
@@ -540,6 +635,26 @@ DOWNLOAD_DISK_MARGIN_BYTES = 64 * 1024 * 1024
 """Free space a download leaves on its disk beyond the files it writes."""
 DOWNLOAD_RATE_WINDOW_S = 5.0
 """The rate (and so the ETA) is the average over this much recent time."""
+MAX_HUB_JSON_BYTES = 32 * 1024 * 1024
+"""The largest JSON from a hub that is read into memory: a repository's listing, its
+`config.json` and its weight index. The largest real ones are far smaller (DeepSeek-V3's
+index of 91,000 tensors: 9 MB; a listing of thousands of files: a few MB); larger is refused
+before it is fetched or read, and a transfer stops at the size the listing announced."""
+HUB_SMALL_ANSWER_TIMEOUT_S = 30.0
+"""A listing from the hub that has not arrived whole in this long is `HubUnreachable`: each
+silence is bounded by `HUB_REQUEST_TIMEOUT_S`, this bounds a hub that drips its answer (a
+real listing of thousands of files takes well under a second)."""
+DOWNLOAD_MAX_CORRUPT_ATTEMPTS = 4
+"""A file whose content differs from its listing (hash, size, a body longer than listed)
+this many times in a row is a failed download, not retried: a dropped connection is resumed
+inside one attempt, so repeated corruption is a hub sending the wrong bytes."""
+CATALOG_SCAN_THREADS = 1
+"""Worker threads scanning the Hugging Face cache for the catalog: scans run one after the
+other anyway, and a slow disk then holds one thread, no other kind of work's."""
+CATALOG_RESCAN_INTERVAL_S = 2.0
+"""How often the catalog looks (in a worker thread) whether the Hugging Face cache changed;
+a model fetched by another program shows in listings within this. A look when nothing
+changed costs a few `stat`s per cached model."""
 
 
 def default_hub_cache() -> Path:
@@ -578,6 +693,8 @@ class HubConfig:
     stop_grace: float = DOWNLOAD_STOP_GRACE_S
     disk_margin: int = DOWNLOAD_DISK_MARGIN_BYTES
     rate_window: float = DOWNLOAD_RATE_WINDOW_S
+    max_json_bytes: int = MAX_HUB_JSON_BYTES
+    max_corrupt_attempts: int = DOWNLOAD_MAX_CORRUPT_ATTEMPTS
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before retry number `attempt` (1, 2, ...)."""

@@ -93,6 +93,10 @@ class CommandRefused(ClusterError):
     """The master refused a command as invalid."""
 
 
+class IdempotencyKeyReused(ClusterError):
+    """The command's idempotency key was used before for a different request."""
+
+
 class GenerationFailed(ClusterError):
     """A generation ended in error for an unexpected reason."""
 
@@ -135,6 +139,13 @@ class NotAModel(HubError, CommandRefused):
     """The repository is not an mlx-lm model trexo can run (no config.json, no weights)."""
 
 
+class UnsafeHubData(NotAModel):
+    """The hub, or a repository on it, sent what no well-formed repository holds: a commit,
+    hash or file name that is no safe path, JSON nested too deep or larger than the bound,
+    a redirect loop. Refused whole, never retried. (Also a model reference whose commit is
+    neither a commit hash nor a branch name.)"""
+
+
 class NoDiskSpace(HubError):
     """The files do not fit the free space on the disk they go to."""
 
@@ -159,6 +170,7 @@ HUB_ERRORS: dict[str, type[HubError]] = {
         HubUnreachable,
         NotOnDisk,
         NotAModel,
+        UnsafeHubData,
         NoDiskSpace,
         CorruptDownload,
         DownloadCrashed,

@@ -79,15 +79,21 @@ def is_fd_exhaustion(exc: BaseException) -> bool:
 
 
 async def retry_on_fd_exhaustion(
-    fn: Callable[[], T], *, what: str, attempts: int, interval: float
+    fn: Callable[[], T],
+    *,
+    what: str,
+    attempts: int,
+    interval: float,
+    limiter: trio.CapacityLimiter | None = None,
 ) -> T:
-    """`fn()` in a worker thread, tried again while it fails for lack of file descriptors.
+    """`fn()` in a worker thread (of `limiter`: trio's default if None), tried again while it
+    fails for lack of file descriptors.
 
     Each failure is one log line (no traceback); after `attempts` of them the error is raised.
     """
     for attempt in range(1, attempts + 1):
         try:
-            return await trio.to_thread.run_sync(fn)
+            return await trio.to_thread.run_sync(fn, limiter=limiter)
         except OSError as exc:
             if not is_fd_exhaustion(exc):
                 raise

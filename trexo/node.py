@@ -20,9 +20,10 @@ from typing import Any
 import attrs
 import trio
 
-from trexo import catalog
+from trexo import catalog, thread_pools
 from trexo.api.app import create_app
 from trexo.api.server import ApiServer
+from trexo.catalog_scan import CatalogScan
 from trexo.cluster_client import ClusterClient, SessionTracker
 from trexo.config import NodeConfig
 from trexo.default_model import DefaultModel
@@ -69,8 +70,15 @@ class Node:
         self.node_id = load_or_create_node_id(config.paths.data_dir)
         self.router = Router(self.node_id)
         self.sessions = SessionTracker()
-        self.hub = StreamHub(self.router)
+        self.hub = StreamHub(self.router, master=self._master_id)
         self.prompt_counter = PromptCounter(config.paths.models_dir, config.hub.cache_dir)
+        self.catalog_scan = CatalogScan(
+            config.hub.cache_dir,
+            config.paths.models_dir,
+            config.extra_models,
+            max_json_bytes=config.hub.max_json_bytes,
+            downloads_changed=lambda: self.downloads.wait_change(),
+        )
         self.client = ClusterClient(
             self.router,
             self.hub,
@@ -78,11 +86,7 @@ class Node:
             self._catalog,
             prompt_counter=self.prompt_counter,
             resolve_hub_model=functools.partial(resolve_model, config=config.hub),
-            on_disk=functools.partial(
-                catalog.is_on_disk,
-                models_dir=config.paths.models_dir,
-                cache_root=config.hub.cache_dir,
-            ),
+            on_disk=self.catalog_scan.on_disk,
             prompt_caches=lambda: self.pool.prompt_caches(),
             history=self._history_report,
         )
@@ -101,6 +105,10 @@ class Node:
         )
         self._master: Master | None = None
         self._last_commands_seen = 0
+
+    def _master_id(self) -> NodeId | None:
+        session = self.sessions.session
+        return session.master_id if session is not None else None
 
     def _model_ready(self, model: ModelRef, instance_id: InstanceId) -> None:
         if self._on_model_ready is not None and self.api_url is not None:
@@ -136,7 +144,7 @@ class Node:
         (`after_restart`), so a cluster of one keeps its models across a restart."""
         events_dir = self.config.paths.events_dir
         try:
-            stored = await trio.to_thread.run_sync(read_newest_session, events_dir)
+            stored = await thread_pools.run_sync("event_log", read_newest_session, events_dir)
         except OSError as exc:
             log.warning("cannot read the event logs in %s (%s); starting afresh", events_dir, exc)
             return
@@ -155,7 +163,7 @@ class Node:
         return [
             *catalog.builtin_models(),
             *self.config.extra_models,
-            *catalog.hub_models(self.config.hub.cache_dir),
+            *self.catalog_scan.hub_models(),
         ]
 
     async def run(
@@ -176,6 +184,7 @@ class Node:
             # Before the election: static peers dialled during its boot grace are adopted.
             await nursery.start(Discovery(transport, self.config.discovery).run)
             # Node-lifetime: downloads, runners and their streams outlive sessions.
+            await nursery.start(self.catalog_scan.run)  # before the API: its first scan is done
             await nursery.start(self.downloads.run)
             await nursery.start(self.pool.run)
             nursery.start_soon(self.client.fail_orphaned_streams)

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import attrs
 
+from trexo.config import REMEMBERED_COMMANDS
 from trexo.types.events import (
     DownloadUpdated,
     Event,
@@ -31,7 +32,7 @@ from trexo.types.events import (
     TaskStatusChanged,
 )
 from trexo.types.runner_status import RunnerIdle
-from trexo.types.state import GroupState, RunnerRecord, State
+from trexo.types.state import CommandDone, GroupState, RunnerRecord, State
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ def rebuild_events(state: State) -> list[Event]:
         for node_id, downloads in state.downloads.items()
         for progress in downloads.values()
     ]
+    events += list(state.commands.values())
     return events
 
 
@@ -101,6 +103,7 @@ def carry_over(state: State) -> State:
         tasks=dict(state.tasks),
         groups=dict(state.groups),
         downloads=dict(state.downloads),
+        commands=dict(state.commands),
     )
 
 
@@ -110,7 +113,8 @@ def after_restart(state: State) -> State:
     Its placements, with every runner idle (the processes died with the node) and every
     split instance's group in a fresh epoch (new ports); the nodes it knew (a new master
     drops those that are gone, and places their instances again where it can). Not its
-    tasks, whose streams died with it, nor downloads, which nodes report again.
+    tasks, whose streams died with it, nor downloads, which nodes report again. The
+    commands it carried out, so a client's retry is still answered from them.
     """
     groups = {
         iid: GroupState.empty(group.epoch + 1, len(group.addresses))
@@ -121,7 +125,21 @@ def after_restart(state: State) -> State:
         instances=dict(state.instances),
         runners={rid: attrs.evolve(r, status=RunnerIdle()) for rid, r in state.runners.items()},
         groups=groups,
+        commands=dict(state.commands),
     )
+
+
+def remember_command(
+    state: State, done: CommandDone | None, *, bound: int = REMEMBERED_COMMANDS
+) -> State:
+    """`state` remembering `done` (the newest), forgetting the oldest past `bound`."""
+    if done is None:
+        return state
+    commands = {k: v for k, v in state.commands.items() if k != done.command_id}
+    commands[done.command_id] = done
+    for stale in list(commands)[: max(0, len(commands) - bound)]:
+        del commands[stale]
+    return attrs.evolve(state, commands=commands)
 
 
 def _apply_event(state: State, event: Event) -> State:
@@ -137,7 +155,7 @@ def _apply_event(state: State, event: Event) -> State:
                 nodes=_without(state.nodes, node_id),
                 downloads=_without(state.downloads, node_id),
             )
-        case InstanceCreated(instance):
+        case InstanceCreated(instance, done):
             if instance.instance_id in state.instances:
                 return _unknown(state, event, "instance (already exists)", instance.instance_id)
             runners = dict(state.runners)
@@ -148,17 +166,21 @@ def _apply_event(state: State, event: Event) -> State:
             if instance.is_split:
                 empty = GroupState.empty(0, len(instance.assignments))
                 groups = {**groups, instance.instance_id: empty}
-            return attrs.evolve(state, instances=instances, runners=runners, groups=groups)
-        case InstanceDeleted(instance_id):
+            created = attrs.evolve(state, instances=instances, runners=runners, groups=groups)
+            return remember_command(created, done)
+        case InstanceDeleted(instance_id, done):
             if instance_id not in state.instances:
                 return _unknown(state, event, "instance", instance_id)
-            return attrs.evolve(
+            deleted = attrs.evolve(
                 state,
                 instances=_without(state.instances, instance_id),
                 runners={k: r for k, r in state.runners.items() if r.instance_id != instance_id},
                 tasks={k: t for k, t in state.tasks.items() if t.instance_id != instance_id},
                 groups=_without(state.groups, instance_id),
             )
+            return remember_command(deleted, done)
+        case CommandDone():
+            return remember_command(state, event)
         case RunnerStatusChanged(runner_id, instance_id, node_id, status):
             # Creates a missing record of a known instance; a report about a deleted
             # instance's runner arrives late and is ignored.

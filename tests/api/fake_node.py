@@ -15,6 +15,7 @@ import trio
 
 from trexo.api.admission import PromptBudget
 from trexo.api.handle import ModelListing
+from trexo.engine.schema_grammar import check_schema
 from trexo.errors import (
     ClusterError,
     InstanceNotFound,
@@ -80,6 +81,7 @@ class FakeNode:
         self._cancel: dict[RequestId, trio.Event] = {}
         self.any_entered = trio.Event()
         self.placements: list[Placement] = []
+        self.idempotency_keys: list[str | None] = []
         """Every `place_instance` call that named a known model, in order."""
         self.place_error: ClusterError | None = None
         """Raised by `place_instance` (after recording the call) when set."""
@@ -139,6 +141,11 @@ class FakeNode:
             return None
         return PromptBudget(sum(len(m.content.split()) for m in request.messages), FAKE_CONTEXT)
 
+    async def check_schema(self, schema_json: str) -> None:
+        """llguidance's own check, in this process (the bounded one starts a process)."""
+        await trio.lowlevel.checkpoint()
+        check_schema(schema_json)
+
     def models(self) -> list[ModelListing]:
         loaded = {instance.model.model_id for instance in self.state.instances.values()}
         return [
@@ -157,8 +164,10 @@ class FakeNode:
         *,
         sharding: PlacementSharding = "auto",
         node_count: int | None = None,
+        idempotency_key: str | None = None,
     ) -> InstanceId:
         await trio.lowlevel.checkpoint()
+        self.idempotency_keys.append(idempotency_key)
         if self.no_session:
             raise NoSession()
         model = self._model(model_id)
@@ -177,8 +186,13 @@ class FakeNode:
         self.state = attrs.evolve(self.state, instances=instances)
         return instance_id
 
-    async def delete_instance(self, instance_id: InstanceId) -> None:
+    async def delete_instance(
+        self, instance_id: InstanceId, *, idempotency_key: str | None = None
+    ) -> None:
         await trio.lowlevel.checkpoint()
+        self.idempotency_keys.append(idempotency_key)
+        if self.no_session:
+            raise NoSession()
         if instance_id not in self.state.instances:
             raise InstanceNotFound(f"no instance {instance_id}")
         instances = {k: v for k, v in self.state.instances.items() if k != instance_id}

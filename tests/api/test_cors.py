@@ -1,4 +1,5 @@
-"""CORS: no cross-origin access unless origins are configured; OPTIONS answers 204."""
+"""CORS: no cross-origin access unless origins are configured; OPTIONS answers 204.
+(Refusing other origins' requests outright: `test_cross_site_http.py`.)"""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ async def test_without_origins_no_response_allows_cross_origin(
         assert "content-type" not in preflight.headers
         assert preflight.content == b""
         response = await open_api.post("/v1/chat/completions", json=CHAT, headers={"Origin": APP})
-        assert response.status_code == 200
+        assert response.status_code == 403  # and refused (`trexo.api.cross_site`)
         assert "access-control-allow-origin" not in response.headers
 
 
@@ -137,6 +138,9 @@ async def test_allowed_origin_gets_preflight_and_responses(app_only: httpx.Async
         ):
             assert response.headers["Access-Control-Allow-Origin"] == APP
             assert "Origin" in response.headers["Vary"]
+            # A page may read when to retry, and the key to retry a placement under.
+            exposed = response.headers["Access-Control-Expose-Headers"]
+            assert {h.strip() for h in exposed.split(",")} == {"Idempotency-Key", "Retry-After"}
         assert response.status_code == 404
 
 
@@ -149,7 +153,7 @@ async def test_other_origins_are_not_allowed(app_only: httpx.AsyncClient) -> Non
         assert "access-control-allow-origin" not in preflight.headers
         assert "access-control-allow-methods" not in preflight.headers
         response = await app_only.get("/v1/models", headers={"Origin": OTHER})
-        assert response.status_code == 200
+        assert response.status_code == 403
         assert "access-control-allow-origin" not in response.headers
         assert "Origin" in response.headers["Vary"]  # caches must not reuse APP's answer
 

@@ -7,6 +7,7 @@ import openai
 import pytest
 import trio
 
+from trexo.errors import IdempotencyKeyReused
 from trexo.types.state import State
 from trexo.wire import converter
 
@@ -115,3 +116,65 @@ async def test_place_instance_without_session_is_503(
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
     assert response.json()["error"]["code"] == "no_session"
+
+
+async def test_a_503_names_the_key_its_retry_is_carried_out_once_under(
+    http: httpx.AsyncClient, node: FakeNode
+) -> None:
+    node.no_session = True
+    with trio.fail_after(TEST_TIMEOUT_S):
+        failed = await http.post("/instances", json={"model": DEMO.model_id})
+        key = failed.headers["idempotency-key"]
+        assert failed.status_code == 503
+        assert f"Idempotency-Key: {key}" in failed.json()["error"]["message"]
+        node.no_session = False
+        retried = await http.post(
+            "/instances", json={"model": DEMO.model_id}, headers={"Idempotency-Key": key}
+        )
+    assert retried.status_code == 201
+    assert retried.headers["idempotency-key"] == key
+    assert node.idempotency_keys == [key, key]
+
+
+async def test_every_placement_and_deletion_goes_under_a_key(
+    http: httpx.AsyncClient, node: FakeNode
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        mine = await http.post(
+            "/instances", json={"model": DEMO.model_id}, headers={"Idempotency-Key": "my key 1"}
+        )
+        made_up = await http.post("/instances", json={"model": DEMO.model_id})
+        node.no_session = True
+        deletion = await http.delete(f"/instances/{mine.json()['instance_id']}")
+    assert mine.headers["idempotency-key"] == "my key 1"
+    generated = made_up.headers["idempotency-key"]
+    assert deletion.status_code == 503
+    assert node.idempotency_keys == ["my key 1", generated, deletion.headers["idempotency-key"]]
+    assert len(set(node.idempotency_keys)) == 3
+
+
+@pytest.mark.parametrize("key", ["", "x" * 256, "caf\u00e9"])
+async def test_a_malformed_key_is_a_400_before_anything_happens(
+    http: httpx.AsyncClient, node: FakeNode, key: str
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        response = await http.post(
+            "/instances",
+            json={"model": DEMO.model_id},
+            headers={"Idempotency-Key": key.encode()},  # type: ignore[dict-item]
+        )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_header"
+    assert node.idempotency_keys == []
+
+
+async def test_a_key_reused_for_another_request_is_a_422(
+    http: httpx.AsyncClient, node: FakeNode
+) -> None:
+    node.place_error = IdempotencyKeyReused("this idempotency key was used for a different request")
+    with trio.fail_after(TEST_TIMEOUT_S):
+        response = await http.post(
+            "/instances", json={"model": DEMO.model_id}, headers={"Idempotency-Key": "k"}
+        )
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "idempotency_key_reused"

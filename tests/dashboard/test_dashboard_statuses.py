@@ -111,3 +111,33 @@ async def test_every_status_live_and_an_api_error_as_a_message(nursery: trio.Nur
 
     with trio.fail_after(120):
         await trio.to_thread.run_sync(drive)
+
+
+async def test_placing_again_after_a_503_goes_under_the_same_key(nursery: trio.Nursery) -> None:
+    # A 503 placement may still be carried out: the page's retry must not place a second.
+    find_executables()
+    node = FakeNode()
+    node.no_session = True
+    config = ApiConfig(port=0)
+    url = await nursery.start(ApiServer(create_app(node, config), config).run)
+
+    def place_from_the_page(driver: Any) -> None:
+        click(driver, "Place… of the demo model", f'tr[data-model="{DEMO.model_id}"] .place')
+        click(driver, "Let the master choose", '#preview-list button[data-sharding="auto"]')
+
+    def drive() -> None:
+        with headless_chromium() as driver:
+            driver.get(f"{url}/")
+            place_from_the_page(driver)
+            wait_on_page(driver, lambda d: shown(d, '.message[data-kind="error"]'), what="the 503")
+            trio.from_thread.run_sync(lambda: setattr(node, "no_session", False))
+            place_from_the_page(driver)
+            wait_on_page(driver, lambda d: len(node.idempotency_keys) == 2, what="the retry")
+            place_from_the_page(driver)  # answered: a new placement is a new key
+            wait_on_page(driver, lambda d: len(node.idempotency_keys) == 3, what="another")
+
+    with trio.fail_after(120):
+        await trio.to_thread.run_sync(drive)
+    first, retry, another = node.idempotency_keys
+    assert first is not None and retry == first and another not in (None, first)
+    assert len(node.placements) == 2  # the scripted node placed nothing on the 503

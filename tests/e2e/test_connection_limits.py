@@ -167,7 +167,7 @@ async def test_a_node_out_of_file_descriptors_keeps_running(tmp_path: Path) -> N
         assert "accepting connections again after" in log
 
 
-async def test_cors_origin_option_reaches_the_api(tmp_path: Path) -> None:
+async def test_cors_origin_and_allowed_host_options_reach_the_api(tmp_path: Path) -> None:
     app = "https://app.example"
     preflight = {
         "Origin": app,
@@ -176,7 +176,14 @@ async def test_cors_origin_option_reaches_the_api(tmp_path: Path) -> None:
     }
     async with (
         run_trexo(tmp_path / "open", *NO_MODEL) as plain,
-        run_trexo(tmp_path / "cors", *NO_MODEL, "--cors-origin", app + "/") as cors,
+        run_trexo(
+            tmp_path / "cors",
+            *NO_MODEL,
+            "--cors-origin",
+            app + "/",
+            "--api-allowed-host",
+            "mybox.lan",
+        ) as cors,
         httpx.AsyncClient(timeout=PHASE_BOUND_S) as http,
     ):
         with trio.fail_after(PHASE_BOUND_S):
@@ -188,6 +195,13 @@ async def test_cors_origin_option_reaches_the_api(tmp_path: Path) -> None:
             assert models.headers["Access-Control-Allow-Origin"] == app
             other = await http.get(f"{cors.url}/v1/models", headers={"Origin": "https://x.example"})
             assert "access-control-allow-origin" not in other.headers
+            assert other.status_code == 403  # and refused (`trexo.api.cross_site`)
+            named = await http.get(f"{cors.url}/health", headers={"Host": "mybox.lan"})
+            assert named.status_code == 200
+            rebound = await http.get(f"{cors.url}/health", headers={"Host": "evil.example"})
+            assert rebound.json()["error"]["code"] == "host_not_allowed"
+            unnamed = await http.get(f"{plain.url}/health", headers={"Host": "mybox.lan"})
+            assert unnamed.status_code == 403
 
             answer = await http.options(f"{plain.url}/v1/chat/completions", headers=preflight)
             assert answer.status_code == 204

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -21,15 +21,17 @@ from trio_websocket import (
     open_websocket,
 )
 
-from tests.waiting import wait_until
-from trexo.config import MAX_JSON_DEPTH, PROTOCOL_VERSION
+from tests.waiting import holds_for, wait_until
+from trexo import wire
+from trexo.config import MAX_JSON_DEPTH, PEER_HANDSHAKE_MESSAGE_BYTES, PROTOCOL_VERSION
 from trexo.net import handshake as hs
 from trexo.net.handshake_io import dial_handshake
 from trexo.net.link import CLOSE_REFUSED
+from trexo.net.secure_channel import EphemeralKey
 from trexo.net.transport import RESOURCE
 from trexo.types.ids import NodeId
 
-from .cluster import free_port
+from .cluster import free_port, open_cluster
 from .harness import TrexoProcess, run_trexo
 
 STEP_TIMEOUT_S = 15.0
@@ -47,6 +49,7 @@ HOSTILE = {
     "surrogate": '{"type": "Hello", "node_id": "\\ud800"}',
     "unhashable-tag": '{"type": ["Hello"]}',
 }
+MESSAGE_TOO_BIG = 1009
 BROKEN_PROTOCOL = {1002, 1007, None}
 """A close frame saying protocol error or invalid payload, or none (lost to the reset);
 never 4002 or 4003, which a heartbeat or handshake timeout would send."""
@@ -101,6 +104,13 @@ async def test_hostile_first_messages_are_refused_and_the_node_lives(tmp_path: P
         for name, text in HOSTILE.items():
             with trio.fail_after(STEP_TIMEOUT_S):
                 async with open_websocket("127.0.0.1", port, RESOURCE, use_ssl=False) as ws:
+                    if len(text.encode()) > PEER_HANDSHAKE_MESSAGE_BYTES:
+                        # Larger than any hello: closed unread, before any decoding.
+                        with pytest.raises(ConnectionClosed) as closed:
+                            await ws.send_message(text)
+                            await ws.get_message()
+                        assert closed.value.reason.code == MESSAGE_TOO_BIG, name
+                        continue
                     await ws.send_message(text)
                     refusal = json.loads(await ws.get_message())
                     assert refusal["type"] == "Refuse", name
@@ -117,8 +127,8 @@ async def test_hostile_messages_after_a_handshake_are_dropped(tmp_path: Path) ->
     me = "zz-hostile"  # larger than any node id: the node dials the peers we gossip
     bad_gossip = {
         "peers": [
-            {"node_id": "zzzz1", "host": "h" * 100, "port": 1},  # IDNA cannot encode it
-            {"node_id": "zzzz2", "host": "127.0.0.1", "port": 10**19},  # past a C long
+            {"node_id": "zzzz1", "host": "h" * 100, "port": 1},  # a name (IDNA cannot encode)
+            {"node_id": "zzzz2", "host": "127.0.0.1", "port": 10**19},  # past any port
         ]
     }
     messages = [
@@ -140,8 +150,9 @@ async def test_hostile_messages_after_a_handshake_are_dropped(tmp_path: Path) ->
                     await ws.send_message(agreed.channel.sealer.seal(text.encode()))
                 await wait_logged(node, f"dropped a message from peer {me}", TOO_DEEP)
                 await wait_logged(node, f"dropped a message from peer {me}", "out of range")
-                await wait_logged(node, "could not link to discovered peer zzzz1")
-                await wait_logged(node, "could not link to discovered peer zzzz2")
+                # No peer's address: ignored, never dialled (let alone looked up).
+                await wait_logged(node, "ignored a gossiped address of node zzzz1", "not an IP")
+                await wait_logged(node, "ignored a gossiped address of node zzzz2", "port")
                 await ws.ping()  # the link is still up: fewer than the garbage limit
                 assert ws.closed is None
                 nursery.cancel_scope.cancel()
@@ -181,3 +192,84 @@ async def test_invalid_frames_close_the_connection_promptly(
                 finally:
                     await raw.aclose()
         await assert_healthy(node)
+
+
+# --- a flood of handshakes (no secret needed) ----------------------------------------------
+
+FLOOD_S = 8.0
+"""How long the flood runs: several times the heartbeats' bound on a silent peer (1.2 s),
+and past the handshake timeout (5 s), so that held connections are closed and come again."""
+BIG_HELLO_PEERS = 150_000
+"""A hello listing this many peers is ~10 MB: decoding one holds an event loop ~0.5 s."""
+HELD_CONNECTIONS = 300
+"""Connections that each send a small hello and then nothing: past the node's caps."""
+
+
+def small_hello(name: str) -> str:
+    message = identity(name).hello((), EphemeralKey())
+    return wire.to_json(message, hs.HandshakeMessage).decode()
+
+
+def big_hello(name: str) -> str:
+    """A hello right in every field but its size: a peer list no node sends."""
+    raw = json.loads(small_hello(name))
+    peers = [
+        {"node_id": f"z{k:031d}", "host": "127.0.0.1", "port": 1} for k in range(BIG_HELLO_PEERS)
+    ]
+    return json.dumps({**raw, "peers": peers})
+
+
+async def flood_handshakes(port: int, until: float, tried: dict[str, int]) -> None:
+    """Until `until`, connection after connection: four at a time sending a big hello, and
+    many sending a small one and then nothing (the node answers it and waits in vain for the
+    proof). `tried` counts the connections each kind tried."""
+    hello = big_hello("zz-big")
+    broken = (OSError, ConnectionClosed, ConnectionRejected, trio.TooSlowError)
+
+    async def connect_and_send(kind: str, text: str) -> None:
+        tried[kind] += 1
+        with suppress(*broken), trio.move_on_at(until), trio.fail_after(STEP_TIMEOUT_S):
+            async with open_websocket("127.0.0.1", port, RESOURCE, use_ssl=False) as ws:
+                await ws.send_message(text)
+                while True:
+                    await ws.get_message()
+
+    async def again_and_again(kind: str, text: str) -> None:
+        while trio.current_time() < until:
+            await connect_and_send(kind, text)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(again_and_again, "big", hello)
+        for k in range(HELD_CONNECTIONS):
+            nursery.start_soon(again_and_again, "small", small_hello(f"zz-{k}"))
+
+
+async def test_a_handshake_flood_on_the_masters_peer_port_costs_no_election(
+    tmp_path: Path,
+) -> None:
+    async with open_cluster(tmp_path) as cluster:
+        await cluster.add_many(2, "--no-model")
+        session = await cluster.wait_converged(expect_nodes=2)
+        master = cluster.by_id(session["master_id"])
+        follower = next(n for n in cluster.nodes if n is not master)
+        tried = {"big": 0, "small": 0}
+
+        async def session_kept() -> bool:
+            for node in cluster.nodes:
+                health = await cluster.health(node)
+                assert health is not None, f"{node.name} does not answer"
+                assert health["session"] == session, (node.name, health["session"], session)
+            # A command through the other node: the master decides it (here, a 404).
+            response = await cluster.http.delete(f"{follower.url}/instances/nonexistent")
+            assert response.status_code == 404, response.text
+            return True
+
+        async with trio.open_nursery() as nursery:
+            until = trio.current_time() + FLOOD_S
+            nursery.start_soon(flood_handshakes, master.peer_port, until, tried)
+            await holds_for(session_kept, seconds=FLOOD_S, what="the session through the flood")
+        assert tried["big"] >= 4 and tried["small"] >= HELD_CONNECTIONS, tried
+        assert master.process is not None
+        await wait_logged(master.process, "refusing peer connections")
+        assert await cluster.wait_converged(expect_nodes=2) == session

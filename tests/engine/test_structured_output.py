@@ -214,6 +214,15 @@ def test_processors_are_per_request(engine: Engine) -> None:
         json.loads(together[1].text)  # the demo model's own nonsense
 
 
+def test_a_schema_compiled_once_serves_requests_side_by_side(engine: Engine) -> None:
+    # The second and third processors are copies of the first's compiled schema: each keeps
+    # its own state, however the requests interleave.
+    (alone,) = generate(engine, [Request([schema_processor(engine)])])
+    together = generate(engine, [Request([schema_processor(engine)]) for _ in range(2)])
+    assert [out.tokens for out in together] == [alone.tokens, alone.tokens]
+    assert_city(together[1].text)
+
+
 def test_max_tokens_too_small_just_stops(engine: Engine) -> None:
     (out,) = generate(engine, [Request([schema_processor(engine)], max_tokens=3)])
     assert out.finish_reason == "length"

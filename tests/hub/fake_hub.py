@@ -142,7 +142,7 @@ class FakeHub:
         ]
 
 
-class _Handler(BaseHTTPRequestHandler):
+class HubHandler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
@@ -268,8 +268,8 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, hub: FakeHub) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, hub: FakeHub, handler: type[HubHandler] = HubHandler) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
         self.hub = hub
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -278,10 +278,13 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextmanager
-def serving(hub: FakeHub | None = None) -> Iterator[FakeHub]:
-    """`hub` served on a free port of 127.0.0.1 (its `url` set) until the block ends."""
+def serving(
+    hub: FakeHub | None = None, handler: type[HubHandler] = HubHandler
+) -> Iterator[FakeHub]:
+    """`hub` served on a free port of 127.0.0.1 (its `url` set) until the block ends;
+    `handler` answers its requests (a subclass of `HubHandler` can misbehave)."""
     hub = hub or FakeHub()
-    server = _Server(hub)
+    server = _Server(hub, handler)
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, name="fake-hub", daemon=True)
     thread.start()

@@ -7,6 +7,7 @@ import itertools
 import attrs
 import pytest
 
+from trexo.idempotency import command_fingerprint
 from trexo.master.decide import (
     Accepted,
     Refused,
@@ -42,7 +43,7 @@ from trexo.types.local_events import (
 from trexo.types.models import ModelRef
 from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerFailed, RunnerLoading, RunnerReady, RunnerRunning
-from trexo.types.state import Instance, NodeInfo, RunnerAssignment, State, Task
+from trexo.types.state import CommandDone, Instance, NodeInfo, RunnerAssignment, State, Task
 
 MiB = 1024 * 1024
 A = NodeId("a")
@@ -92,9 +93,9 @@ def test_place_only_if_absent_answers_with_the_existing_instance() -> None:
 
 def test_delete() -> None:
     state = apply_all(State(), [NodeUpdated(NODE), InstanceCreated(instance("i1", "r1"))])
-    assert decide(state, DeleteInstance("c", InstanceId("i1"))) == Accepted(
-        (InstanceDeleted(InstanceId("i1")),), "i1"
-    )
+    delete = DeleteInstance("c", InstanceId("i1"))
+    done = CommandDone("c", command_fingerprint(delete) or "", "i1")
+    assert decide(state, delete) == Accepted((InstanceDeleted(InstanceId("i1"), done),), "i1")
     assert decide(state, DeleteInstance("c", InstanceId("nope"))) == Refused(
         "no instance nope", RefusalKind.INSTANCE_NOT_FOUND
     )
@@ -322,3 +323,42 @@ def test_a_change_of_batch_size_alone_is_not_logged() -> None:
     assert report(RunnerRunning(5)) == []  # chatter: only the batch size changed
     (ready,) = report(RunnerReady())  # a change of kind is history
     assert isinstance(ready, RunnerStatusChanged) and ready.status == RunnerReady()
+
+
+def test_a_placement_done_is_answered_from_its_record_not_placed_again() -> None:
+    state = apply_all(State(), [NodeUpdated(NODE)])
+    first = decide(state, PlaceInstance("k", MODEL))
+    assert isinstance(first, Accepted)
+    state = apply_all(state, first.events)
+    assert list(state.commands) == ["k"]
+    # The same command id again (a retry under its key, or a resend to the next master).
+    assert decide(state, PlaceInstance("k", MODEL)) == Accepted((), first.result_id)
+    # A newer revision of the same model is the same request (a hub branch moved on).
+    newer = attrs.evolve(MODEL, source="demo:tiny@2")
+    assert decide(state, PlaceInstance("k", newer)) == Accepted((), first.result_id)
+    # Once deleted, the placement's retry still names what it placed, and does not place.
+    deleted = decide(state, DeleteInstance("d", InstanceId(first.result_id or "")))
+    assert isinstance(deleted, Accepted)
+    state = apply_all(state, deleted.events)
+    assert not state.instances
+    assert decide(state, PlaceInstance("k", MODEL)) == Accepted((), first.result_id)
+    assert decide(state, DeleteInstance("d", InstanceId(first.result_id or ""))) == Accepted(
+        (), first.result_id
+    )
+
+
+def test_a_key_used_for_another_request_is_refused() -> None:
+    state = apply_all(State(), [NodeUpdated(NODE)])
+    first = decide(state, PlaceInstance("k", MODEL))
+    assert isinstance(first, Accepted)
+    state = apply_all(state, first.events)
+    other = attrs.evolve(MODEL, model_id="other")
+    for command in (
+        PlaceInstance("k", other),
+        PlaceInstance("k", MODEL, node_count=2),
+        DeleteInstance("k", InstanceId(first.result_id or "")),
+    ):
+        refused = decide(state, command)
+        assert isinstance(refused, Refused), command
+        assert refused.kind == RefusalKind.KEY_REUSED
+    assert len(state.instances) == 1

@@ -16,7 +16,7 @@ from trexo.master.service import Master
 from trexo.master.session_store import read_session, session_dir
 from trexo.net.router import Envelope, Router
 from trexo.net.topics import Topic
-from trexo.state import apply_all
+from trexo.state import apply_all, carry_over
 from trexo.types.commands import (
     CancelTask,
     Command,
@@ -41,7 +41,7 @@ from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerLoading, RunnerReady
 from trexo.types.session import Session
 from trexo.types.snapshot import StateSnapshot
-from trexo.types.state import NodeInfo, State
+from trexo.types.state import CommandDone, NodeInfo, State
 from trexo.types.stream import CommandReply
 from trexo.worker.state_view import StateView
 
@@ -59,6 +59,19 @@ def logged(events_dir: Path, session: Session) -> list[IndexedEvent]:
 
 def node(node_id: NodeId, available: int) -> NodeInfo:
     return NodeInfo(node_id, f"host-{node_id}", 4 * available, available)
+
+
+def speaker(state: State, event: LocalEvent) -> NodeId:
+    """The node entitled to report `event` (a peer speaks only for itself)."""
+    match event:
+        case NodeReport(node=info):
+            return info.node_id
+        case RunnerReport(runner_id=runner_id) if runner_id in state.runners:
+            return state.runners[runner_id].node_id
+        case TaskReport(task_id=task_id) if task_id in state.tasks:
+            instance = state.instances.get(state.tasks[task_id].instance_id)
+            return instance.lead.node_id if instance is not None else ME
+    return ME
 
 
 @attrs.define
@@ -81,8 +94,10 @@ class Harness:
         raise AssertionError("replies ended")
 
     async def report(self, *events: LocalEvent) -> None:
+        """Each event as the node it speaks for sends it (the test plays every node)."""
         for event in events:
-            await self.router.publish(Topic.LOCAL_EVENTS, event)
+            sender = speaker(self.master.state, event)
+            await self.router.deliver(Envelope(Topic.LOCAL_EVENTS, sender, event))
 
     async def converged(self) -> State:
         """Wait until the view has applied everything the master emitted; return it."""
@@ -136,9 +151,9 @@ async def test_view_converges_with_the_master(tmp_path: Path) -> None:
         await h.report(
             RunnerReport(runner, iid, RunnerLoading(0.5)), RunnerReport(runner, iid, RunnerReady())
         )
-        submitted = await h.command(lambda c: SubmitTask(c, SMALL.model_id, PEER, RequestId("q1")))
+        submitted = await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, RequestId("q1")))
         assert submitted.result_id == "q1"
-        await h.command(lambda c: SubmitTask(c, SMALL.model_id, PEER, RequestId("q2")))
+        await h.command(lambda c: SubmitTask(c, SMALL.model_id, ME, RequestId("q2")))
         await h.report(
             TaskReport(RequestId("q1"), "running"),
             TaskReport(RequestId("q2"), finish_reason="stop"),
@@ -333,6 +348,9 @@ async def test_a_restarted_master_resumes_its_session_log(tmp_path: Path) -> Non
         before = await h.converged()
     async with running(tmp_path) as h:
         assert h.master.state == before
+        # The first placement's id again (a client's resend) is answered from what was done.
+        again = await place(h)
+        assert (again.command_id, again.result_id) == (first.command_id, first.result_id)
         second = await place(h)
         state = await h.converged()
         assert set(state.instances) == {first.result_id, second.result_id}
@@ -368,9 +386,11 @@ async def test_a_new_session_rebuilds_the_previous_state_in_its_log(tmp_path: Pa
             InstanceCreated,
             RunnerStatusChanged,
             TaskCreated,
+            CommandDone,  # what the last session did, to answer its resent commands
             SessionOpened,
         ]
         assert apply_all(State(), events) == state
+        assert state.commands == old.commands and len(state.commands) == 1
 
 
 async def test_cancel_emits_task_finished_cancelled(tmp_path: Path) -> None:
@@ -469,3 +489,33 @@ async def test_old_sessions_are_pruned_to_the_retention(tmp_path: Path) -> None:
     async with running(tmp_path, session=current, config=MasterConfig(retained_sessions=2)) as h:
         await settled(h)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["session-4-peer", "session-9-me"]
+
+
+async def test_a_command_resent_to_the_next_master_is_answered_from_what_was_done(
+    tmp_path: Path,
+) -> None:
+    # The first master placed it, and its reply was lost with it: the client resends the
+    # command to the next master, which must not place a second instance.
+    async with running(tmp_path) as h:
+        await h.report(NodeReport(node(ME, 500 * MiB)))
+        await h.view.wait_until(lambda s: bool(s.nodes))
+        first = await h.command(lambda _: PlaceInstance("keyed", SMALL))
+        old = await h.converged()
+    async with running(tmp_path, carry_over(old), session=Session(2, ME)) as h:
+        again = await h.command(lambda _: PlaceInstance("keyed", SMALL))
+        state = await h.converged()
+    assert first.error is None and again == first
+    assert list(state.instances) == [first.result_id]
+
+
+async def test_a_command_id_reused_for_another_request_is_refused(tmp_path: Path) -> None:
+    async with running(tmp_path) as h:
+        await h.report(NodeReport(node(ME, 500 * MiB)))
+        await h.view.wait_until(lambda s: bool(s.nodes))
+        first = await h.command(lambda _: PlaceInstance("keyed", SMALL))
+        other = attrs.evolve(SMALL, model_id="another-model")
+        reused = await h.command(lambda _: PlaceInstance("keyed", other))
+        state = await h.converged()
+    assert first.error is None
+    assert reused.error_kind is RefusalKind.KEY_REUSED
+    assert list(state.instances) == [first.result_id]

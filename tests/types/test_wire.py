@@ -25,6 +25,7 @@ from trexo.types.runner_status import (
     RunnerStopped,
 )
 from trexo.types.shard import ShardSpec
+from trexo.types.state import NodeInfo
 
 text = st.text(max_size=40)
 ids = st.text(alphabet="0123456789abcdef", min_size=1, max_size=32)
@@ -188,3 +189,39 @@ async def test_frames_split_across_many_small_reads() -> None:
         await sender.stream.send_all(frame[i : i + 1])
     got: Any = await receiver.receive_message(ipc.ToRunner)
     assert got == ipc.Cancel("abc")
+
+
+def node_report(api_url: object) -> dict[str, Any]:
+    return {
+        "node_id": "n1",
+        "hostname": "h",
+        "memory_total": 1,
+        "memory_available": 1,
+        "api_url": api_url,
+    }
+
+
+@pytest.mark.parametrize(
+    "api_url", ["http://10.0.0.7:52415", "https://node.lan", "http://[fd00::1]:8000", None]
+)
+def test_a_node_reports_its_api_as_an_http_url(api_url: str | None) -> None:
+    assert wire.structure(node_report(api_url), NodeInfo).api_url == api_url
+
+
+@pytest.mark.parametrize(
+    "api_url",
+    [
+        "javascript:alert(1)",
+        "not a url",
+        "ftp://files.example/",
+        "http://",
+        "//host:1",
+        "http://h:1/\nx",
+        "data:text/html,<b>",
+        "",
+    ],
+)
+def test_an_api_url_that_is_no_http_url_is_refused(api_url: str) -> None:
+    """The dashboard links each node's address: a peer's report cannot make it a script."""
+    with pytest.raises(MalformedMessage, match="api_url"):
+        wire.structure(node_report(api_url), NodeInfo)

@@ -76,7 +76,9 @@ def test_forwards_tasks_of_a_local_lead_runner_once_their_request_is_here() -> N
     t = task("t1", "i1")
     no_body = LocalWorld(ME, runners=frozenset({RunnerId("r1")}))
     assert plan(state_with(mine, tasks=(t,)), no_body) == []
-    running = LocalWorld(ME, runners=frozenset({RunnerId("r1")}), bodies=frozenset({t.task_id}))
+    running = LocalWorld(
+        ME, runners=frozenset({RunnerId("r1")}), bodies=frozenset({(t.task_id, t.origin_node)})
+    )
     assert plan(state_with(mine, tasks=(t,)), running) == [ForwardTask(t, RunnerId("r1"))]
     taken = LocalWorld(
         ME,
@@ -85,6 +87,20 @@ def test_forwards_tasks_of_a_local_lead_runner_once_their_request_is_here() -> N
         inflight=frozenset({t.task_id}),
     )
     assert plan(state_with(mine, tasks=(t,)), taken) == []
+
+
+def test_only_the_request_its_origin_sent_is_forwarded() -> None:
+    # Every node learns every task's id from the log: a rogue peer can send a request for
+    # someone else's task to its lead first. It never runs (its output would go to the
+    # task's origin, into that user's stream).
+    mine = instance("i1", ME, "r1")
+    t = task("t1", "i1")  # asked for through OTHER
+    rogue = LocalWorld(
+        ME, runners=frozenset({RunnerId("r1")}), bodies=frozenset({(t.task_id, NodeId("x"))})
+    )
+    assert plan(state_with(mine, tasks=(t,)), rogue) == []
+    both = attrs.evolve(rogue, bodies=rogue.bodies | {(t.task_id, OTHER)})
+    assert plan(state_with(mine, tasks=(t,)), both) == [ForwardTask(t, RunnerId("r1"))]
 
 
 def test_tasks_of_other_nodes_instances_are_left_alone() -> None:
@@ -101,7 +117,8 @@ def test_the_lead_is_rank_zero() -> None:
             RunnerAssignment(RunnerId("r-rank0"), OTHER, ShardSpec(0, 2, rank=0, world_size=2)),
         ),
     )
-    local = LocalWorld(ME, runners=frozenset({RunnerId("r-rank1")}), bodies=frozenset({"t"}))
+    bodies = frozenset({(RequestId("t"), OTHER)})
+    local = LocalWorld(ME, runners=frozenset({RunnerId("r-rank1")}), bodies=bodies)
     assert plan(state_with(split, tasks=(task("t", "i"),)), local) == []
 
 
@@ -132,7 +149,7 @@ def test_executing_the_plan_reaches_a_fixed_point(
     instances = [instance(f"i{n}", node, f"r{n}") for n, (node, _) in enumerate(specs)]
     tasks = tuple(task(f"t{k}", f"i{n}") for k, n in enumerate(task_on) if n < len(instances))
     state = state_with(*instances, tasks=tasks)
-    bodies = frozenset(t.task_id for t in tasks)
+    bodies = frozenset((t.task_id, t.origin_node) for t in tasks)
     local = LocalWorld(ME, bodies=bodies)
     for _ in range(3):
         actions = plan(state, local)

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from trexo.cluster_client import SessionTracker
-from trexo.net.router import Router
+from trexo.net.router import Envelope, Router
 from trexo.net.topics import Topic
 from trexo.types.events import IndexedEvent, NodeUpdated, SessionOpened
 from trexo.types.ids import NodeId
@@ -50,7 +50,10 @@ async def test_a_view_not_yet_opened_is_neither_read_nor_carried_over() -> None:
             tracker.set_session(None, None)
             tracker.set_session(second, partial)
             # The new master has sent part of its carried-over state, not all of it.
-            await router.publish(Topic.GLOBAL_EVENTS, node_event(second, 0, "b"))
+            # (from its master, as the view takes the session's events from no one else)
+            await router.deliver(
+                Envelope(Topic.GLOBAL_EVENTS, second.master_id, node_event(second, 0, "b"))
+            )
             await partial.wait_until(lambda state: "b" in state.nodes)
             assert not tracker.opened
             assert tracker.state() is whole  # reads answer from the last whole state

@@ -31,7 +31,12 @@ def anthropic_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSet
     async def create_message() -> Response:
         parsed = parse_messages_request(await read_json())
         admitted = await admit_generation(
-            node, parsed.model_id, parsed.generation, parsed.requested_max_tokens, config
+            node,
+            parsed.model_id,
+            parsed.generation,
+            parsed.requested_max_tokens,
+            config,
+            schema_param="output_config.format.schema",
         )
         # `message_start` carries the prompt count made here (0: the runner counts it).
         events = MessageEvents(parsed.message_id, parsed.model_id, admitted.prompt_tokens or 0)

@@ -24,11 +24,13 @@ from trexo.api.auth import register_auth
 from trexo.api.chat_request import parse_chat_request
 from trexo.api.chat_response import ChunkEncoder, completion_from_chunks
 from trexo.api.cors import CorsPolicy, register_cors
+from trexo.api.cross_site import register_cross_site
 from trexo.api.dashboard import register_dashboard
 from trexo.api.dialects import dialects
 from trexo.api.errors import ApiError, find_api_error, internal_error
 from trexo.api.exchange import ExchangeHTTPConnection
 from trexo.api.handle import ModelListing, NodeHandle
+from trexo.api.idempotent import request_idempotency_key, retry_under
 from trexo.api.instance_request import parse_place_instance
 from trexo.api.sse import SSE_CONTENT_TYPE, SSE_HEADERS
 from trexo.api.state_events import StateEvents
@@ -50,6 +52,7 @@ from trexo.api.views import (
 from trexo.config import ApiConfig
 from trexo.errors import ModelNotFound
 from trexo.hub.curated import curated
+from trexo.idempotency import IDEMPOTENCY_HEADER
 from trexo.master.previews import PlacementPreview, previews
 from trexo.types.ids import InstanceId, RequestId
 from trexo.types.state import Instance, State
@@ -86,7 +89,9 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
         # BODY_TIMEOUT) before any answer, a 404 included; views then get it from the cache.
         await request.get_data(cache=True, as_text=False, parse_form_data=False)
 
-    # After `read_body`, so that a refused request's body has been read too.
+    # After `read_body`, so that a refused request's body has been read too; web pages
+    # are refused before keys are looked at.
+    register_cross_site(app, config, error_response)
     register_auth(app, config.api_keys, error_response)
 
     @app.errorhandler(Exception)
@@ -201,13 +206,16 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
     @app.post("/instances")
     async def place_instance() -> Response:
         place = parse_place_instance(await read_json())
-        instance_id = await node.place_instance(
-            place.model_id,
-            place.node_ids,
-            sharding=place.sharding,
-            node_count=place.node_count,
-        )
-        return json_response({"instance_id": instance_id}, 201)
+        key = request_idempotency_key()
+        with retry_under(key):
+            instance_id = await node.place_instance(
+                place.model_id,
+                place.node_ids,
+                sharding=place.sharding,
+                node_count=place.node_count,
+                idempotency_key=key,
+            )
+        return json_response({"instance_id": instance_id}, 201, {IDEMPOTENCY_HEADER: key})
 
     @app.get("/instances/previews")
     async def instance_previews() -> Response:
@@ -223,8 +231,11 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
 
     @app.delete("/instances/<instance_id>")
     async def delete_instance(instance_id: str) -> Response:
-        await node.delete_instance(InstanceId(instance_id))
-        return json_response({"instance_id": instance_id, "deleted": True})
+        key = request_idempotency_key()
+        with retry_under(key):
+            await node.delete_instance(InstanceId(instance_id), idempotency_key=key)
+        body = {"instance_id": instance_id, "deleted": True}
+        return json_response(body, headers={IDEMPOTENCY_HEADER: key})
 
     @app.post("/v1/cancel/<request_id>")
     async def cancel(request_id: str) -> Response:

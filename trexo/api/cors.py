@@ -5,7 +5,8 @@ that origin in `Access-Control-Allow-Origin`; before a JSON POST it first asks w
 `OPTIONS` preflight. The rules are pure functions of the request's headers (`CorsPolicy`);
 `register_cors` hooks them into the app. Without configured origins no response carries an
 `Access-Control-Allow-Origin`, so browsers keep other sites' pages out (a local API is
-otherwise readable by any page the user opens).
+otherwise readable by any page the user opens). What browsers send without asking (simple
+POSTs, forms) is refused by `trexo.api.cross_site`, which lets in the origins allowed here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from trexo.config import API_CORS_MAX_AGE_S
 ANY_ORIGIN = "*"
 DEFAULT_ALLOWED_HEADERS = "Authorization, Content-Type"
 """Allowed request headers when a preflight names none (it names them when it needs any)."""
+EXPOSED = "Idempotency-Key, Retry-After"
+"""Response headers a page may read besides the always-readable ones: when to retry, and
+the key to retry a placement or deletion under."""
 
 
 def normalize_origin(text: str) -> str:
@@ -67,7 +71,9 @@ class CorsPolicy:
     def response_headers(self, origin: str | None) -> dict[str, str]:
         """Headers for any response to a request from `origin`."""
         allowed = self.allowed_origin(origin)
-        return {} if allowed is None else {"Access-Control-Allow-Origin": allowed}
+        if allowed is None:
+            return {}
+        return {"Access-Control-Allow-Origin": allowed, "Access-Control-Expose-Headers": EXPOSED}
 
     def options_headers(
         self, methods: Iterable[str], request_headers: Headers | Mapping[str, str]

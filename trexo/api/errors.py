@@ -7,6 +7,7 @@ whatever raised it: request validation, a `ClusterError` from the node, or Quart
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from trexo.errors import (
@@ -14,6 +15,7 @@ from trexo.errors import (
     CommandRefused,
     GenerationFailed,
     GenerationRejected,
+    IdempotencyKeyReused,
     InstanceNotFound,
     ModelNotFound,
     NodeNotFound,
@@ -43,8 +45,10 @@ class ApiError(TrexoError):
         param: str | None = None,
         code: str | None = None,
         retry_after_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self._headers = dict(headers or {})
         self.status = status
         self.message = message
         self.type = type
@@ -57,9 +61,9 @@ class ApiError(TrexoError):
 
     def headers(self) -> dict[str, str]:
         if self.retry_after_s is None:
-            return {}
+            return dict(self._headers)
         # Retry-After takes whole seconds; round up so a client never retries too early.
-        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+        return {**self._headers, "Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
     def __repr__(self) -> str:
         return (
@@ -106,6 +110,8 @@ def cluster_error_to_api(exc: ClusterError) -> ApiError:
             return ApiError(400, message, code="placement_refused")
         case CommandRefused():
             return ApiError(400, message, code="command_refused")
+        case IdempotencyKeyReused():
+            return ApiError(422, message, param="Idempotency-Key", code="idempotency_key_reused")
         case GenerationRejected():
             return ApiError(400, message, code="invalid_request")
         case GenerationFailed():

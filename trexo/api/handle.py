@@ -76,16 +76,29 @@ class NodeHandle(Protocol):
         *,
         sharding: PlacementSharding = "auto",
         node_count: int | None = None,
+        idempotency_key: str | None = None,
     ) -> InstanceId:
         """Place a model by id, on exactly `node_ids` (rank order) or `node_count` nodes if
-        given; returns at once with the new instance's id (it then loads)."""
+        given; returns at once with the new instance's id (it then loads). Under an
+        `idempotency_key` used before for the same request, the first attempt's instance:
+        a retry never places twice (`IdempotencyKeyReused` for a different request)."""
         ...
 
-    async def delete_instance(self, instance_id: InstanceId) -> None: ...
+    async def delete_instance(
+        self, instance_id: InstanceId, *, idempotency_key: str | None = None
+    ) -> None:
+        """Delete an instance; under a key used before, answered from that deletion."""
+        ...
 
     async def prompt_budget(self, model_id: str, request: GenerationRequest) -> PromptBudget | None:
         """The request's prompt tokens and the model's context; None if this node cannot
-        count them (the model's files are elsewhere: its runner then checks the limit)."""
+        count them (the model's files are elsewhere: its runner then checks the limit).
+        `GenerationRejected` if the model's chat template refuses the request."""
+        ...
+
+    async def check_schema(self, schema_json: str) -> None:
+        """`ValueError` (a message for the client) unless the JSON schema compiles within
+        this node's time and memory bounds; `Unavailable` if it cannot be checked now."""
         ...
 
     def open_generation(

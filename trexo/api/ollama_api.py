@@ -61,7 +61,12 @@ def ollama_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSettin
                 load_body(endpoint, model=request.model, created_at=timestamp(utc_now()))
             )
         admitted = await admit_generation(
-            node, model_id, request.generation, request.requested_max_tokens, config
+            node,
+            model_id,
+            request.generation,
+            request.requested_max_tokens,
+            config,
+            schema_param="format",
         )
         logprobs = request.generation.logprobs is not None
 

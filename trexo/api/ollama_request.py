@@ -287,15 +287,8 @@ def parse_format(raw: Any) -> ResponseFormat | None:
         return ResponseFormat("json_object")
     if not isinstance(raw, dict):
         raise invalid_value("format", f"expected {FORMAT_JSON!r} or a JSON schema object")
-    text = json.dumps(raw, ensure_ascii=False)
-    # Imported here: the grammar compiler is heavy, and only schemas need it.
-    from trexo.engine.structured_output import check_schema
-
-    try:
-        check_schema(text)
-    except ValueError as exc:
-        raise invalid_value("format", str(exc).rstrip(".")) from None
-    return ResponseFormat("json_schema", text)
+    # Compiled later, bounded, off the event loop (`trexo.api.views.admit_generation`).
+    return ResponseFormat("json_schema", json.dumps(raw, ensure_ascii=False))
 
 
 # --- options ---------------------------------------------------------------------------------

@@ -29,7 +29,12 @@ def responses_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSet
     async def create_response() -> Response:
         parsed = parse_responses_request(await read_json())
         admitted = await admit_generation(
-            node, parsed.model_id, parsed.generation, parsed.requested_max_tokens, config
+            node,
+            parsed.model_id,
+            parsed.generation,
+            parsed.requested_max_tokens,
+            config,
+            schema_param="text.format.schema",
         )
         created_at = int(time.time())
         return await answer(

@@ -11,10 +11,12 @@ from quart import Response, current_app, request
 
 from trexo import safe_json
 from trexo.api.admission import admit
+from trexo.api.cross_site import json_body_refusal
 from trexo.api.errors import ApiError
 from trexo.api.handle import NodeHandle
 from trexo.api.sse import SSE_HEADERS, dumps
 from trexo.api.streaming import ChunkEvents, Framing, StreamSettings, collect, open_stream
+from trexo.api.validation import invalid_value
 from trexo.config import ApiConfig
 from trexo.types.chunks import Chunk
 from trexo.types.generation import GenerationRequest
@@ -56,7 +58,12 @@ def stream_response(body: AsyncIterator[bytes], framing: Framing) -> Response:
 
 async def read_json() -> Any:
     """The request body as JSON; a 400 if it is not JSON, or is hostile JSON (NaN, Infinity,
-    nesting past `MAX_JSON_DEPTH`, out-of-range numbers: see `trexo.safe_json`)."""
+    nesting past `MAX_JSON_DEPTH`, out-of-range numbers: see `trexo.safe_json`). Whatever
+    its content type, except from a browser: a 415 unless declared JSON (see
+    `trexo.api.cross_site`)."""
+    refusal = json_body_refusal(request.headers)
+    if refusal is not None:
+        raise refusal
     data = await request.get_data(cache=True, as_text=False, parse_form_data=False)
     try:
         # Lone surrogates pass here: the request's validation refuses them, naming the field.
@@ -83,9 +90,18 @@ async def admit_generation(
     generation: GenerationRequest,
     requested_max_tokens: int | None,
     config: ApiConfig,
+    *,
+    schema_param: str = "response_format.json_schema.schema",
 ) -> Admitted:
     """`generation` admitted against its model's context, or a 400 (`trexo.api.admission`).
-    `requested_max_tokens`: what the client asked for, if anything."""
+    `requested_max_tokens`: what the client asked for, if anything. A JSON schema it must
+    follow is checked first (a 400 naming `schema_param`, where the dialect carries it)."""
+    fmt = generation.response_format
+    if fmt is not None and fmt.schema is not None:
+        try:
+            await node.check_schema(fmt.schema)
+        except ValueError as exc:
+            raise invalid_value(schema_param, str(exc).rstrip(".")) from None
     budget = await node.prompt_budget(model_id, generation)
     if budget is None:
         return Admitted(generation, None)

@@ -78,10 +78,22 @@ function colour(nodeId) {
   return colours.get(nodeId);
 }
 
+// A node's API address as its peers report it, as a URL only if it is an http(s) one:
+// anything else (not a URL, `javascript:`) is shown as text and never followed.
+function httpUrl(text) {
+  if (typeof text !== "string") return null;
+  try {
+    const url = new URL(text);
+    return url.protocol === "http:" || url.protocol === "https:" ? url : null;
+  } catch {
+    return null;
+  }
+}
+
 function nodeLabel(nodeId, state = current?.state) {
   const node = state?.nodes[nodeId];
   if (!node) return short(nodeId);
-  const port = node.api_url ? new URL(node.api_url).port : "";
+  const port = httpUrl(node.api_url)?.port ?? "";
   return port ? `${node.hostname}:${port}` : `${node.hostname} ${short(nodeId)}`;
 }
 
@@ -96,8 +108,8 @@ async function request(path, options = {}) {
   return response;
 }
 
-async function api(method, path, body) {
-  const options = { method, headers: {} };
+async function api(method, path, body, headers = {}) {
+  const options = { method, headers: { ...headers } };
   if (body !== undefined) {
     options.headers["Content-Type"] = "application/json";
     options.body = JSON.stringify(body);
@@ -108,8 +120,35 @@ async function api(method, path, body) {
 async function readJson(response) {
   let data = null;
   try { data = await response.json(); } catch { /* not JSON: said below */ }
-  if (!response.ok) throw new Error(data?.error?.message ?? `HTTP ${response.status} ${response.statusText}`);
+  if (!response.ok) {
+    const error = new Error(data?.error?.message ?? `HTTP ${response.status} ${response.statusText}`);
+    error.status = response.status;
+    throw error;
+  }
   return data;
+}
+
+// A placement or deletion answered 503 ("no master answered") may still be carried out; the
+// same one tried again goes under the same Idempotency-Key, so it happens once. An action's
+// key is kept until it is answered otherwise.
+const actionKeys = new Map();
+
+function newKey() {
+  // Not crypto.randomUUID: pages served over plain http from another host lack it.
+  return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function apiOnce(action, method, path, body) {
+  const key = actionKeys.get(action) ?? newKey();
+  actionKeys.set(action, key);
+  try {
+    const result = await api(method, path, body, { "Idempotency-Key": key });
+    actionKeys.delete(action);
+    return result;
+  } catch (err) {
+    if (err.status !== 503) actionKeys.delete(action);
+    throw err;
+  }
 }
 
 function message(text, kind) {
@@ -268,10 +307,18 @@ function nodeCard(state, id, isMaster, isSelf) {
     el("div", { class: "node-head" }, swatch, el("strong", { text: nodeLabel(id) }),
       isMaster ? el("span", { class: "badge master", text: "master" }) : null,
       isSelf ? el("span", { class: "badge self", text: "this page's node" }) : null),
-    el("div", { class: "id", text: `${id}${node.api_url ? ` · ${node.api_url}` : ""}` }),
+    el("div", { class: "id" }, id, ...apiAddress(node.api_url)),
     el("div", { class: "bar", title: "memory used" }, fill),
     el("div", { class: "memory", text: `${formatBytes(used)} of ${formatBytes(node.memory_total)} used` }),
     runners.length || downloads.length ? el("ul", { class: "runners" }, ...runners, ...downloads) : null);
+}
+
+// " · ADDRESS" after a node's id: a link to its own page if it is an http(s) URL.
+function apiAddress(text) {
+  if (text === null || text === undefined) return [];
+  const url = httpUrl(text);
+  const label = String(text);
+  return [" · ", url ? el("a", { href: url.href, text: label, target: "_blank", rel: "noopener noreferrer" }) : label];
 }
 
 function renderTopology(event) {
@@ -442,7 +489,8 @@ function placementPicture(state, instance) {
 
 async function deleteInstance(instance) {
   try {
-    await api("DELETE", `/instances/${encodeURIComponent(instance.instance_id)}`);
+    const path = `/instances/${encodeURIComponent(instance.instance_id)}`;
+    await apiOnce(`DELETE ${path}`, "DELETE", path);
     note(`deleted instance ${short(instance.instance_id)} of ${instance.model.model_id}`);
   } catch (err) {
     showError(`deleting instance ${short(instance.instance_id)}: ${err.message}`);
@@ -526,7 +574,7 @@ function previewItem(model, preview) {
 
 async function place(body) {
   try {
-    const placed = await api("POST", "/instances", body);
+    const placed = await apiOnce(`POST ${JSON.stringify(body)}`, "POST", "/instances", body);
     note(`placed instance ${short(placed.instance_id)} of ${body.model}`);
     $("previews").hidden = true;
   } catch (err) {

@@ -28,6 +28,12 @@ Rules, in short:
   session it is master of) and takes part with that low candidacy. No node decides the
   lost master the winner of such a round (unless it is all the round holds), so the old
   master cannot win back the cluster that replaced it, and adopts the new master.
+- Clocks come from peers, so they are bounded: a message whose clocks run more than
+  `max_clock_step` ahead of the highest clock this node knows (or past `max_clock`) is
+  dropped. The node then moves its own clock up by the step and asks the sender for its
+  hello again: a node far behind honest peers (it lost its clock file, or a hostile peer
+  pushed one node ahead of the rest a step at a time) catches up a step per exchange,
+  while no message moves any clock by more than the step.
 """
 
 from __future__ import annotations
@@ -215,6 +221,10 @@ class ElectionCore:
         step = self._begin()
         if sender == self.node_id:
             pass  # our own broadcast, delivered back to us by the router
+        elif (reason := self._clock_out_of_bounds(message)) is not None:
+            step.notes.append(Dropped(sender, message, reason))
+            self._learn_clock(min(self.clock + self.config.max_clock_step, self.config.max_clock))
+            step.send(sender, self._hello(answer_me=True))
         elif isinstance(message, Campaign):
             self._on_campaign(now, sender, message, step)
         elif isinstance(message, Announce):
@@ -414,7 +424,10 @@ class ElectionCore:
         *,
         lost_master: NodeId | None = None,
     ) -> None:
-        self._enter_round(now, self.clock + 1, reason, self.node_id, step, lost_master=lost_master)
+        # At the top (a peer spent 2**43 messages getting there) rounds stop being new
+        # rather than go past what peers decode.
+        clock = min(self.clock + 1, self.config.max_clock)
+        self._enter_round(now, clock, reason, self.node_id, step, lost_master=lost_master)
         self._check_round(now, step)  # alone, it is decided at once
 
     def _demote(self) -> None:
@@ -518,6 +531,21 @@ class ElectionCore:
 
     # --- helpers ----------------------------------------------------------------------------
 
+    def _clock_out_of_bounds(self, message: object) -> str | None:
+        """Why `message`'s clocks are more than this node can take from one message, if so."""
+        highest = max(message_clocks(message), default=None)
+        if highest is None:
+            return None
+        cfg = self.config
+        if highest > cfg.max_clock:
+            return f"clock {highest} is past the largest clock, {cfg.max_clock}"
+        if highest > self.clock + cfg.max_clock_step:
+            return (
+                f"clock {highest} is more than {cfg.max_clock_step} ahead of this node's "
+                f"{self.clock} (this node moves up a step and asks again)"
+            )
+        return None
+
     def _is_linked(self, node: NodeId) -> bool:
         return node in self.peers
 
@@ -551,3 +579,17 @@ class ElectionCore:
             notes=tuple(step.notes),
             deadline=self.deadline,
         )
+
+
+def message_clocks(message: object) -> tuple[int, ...]:
+    """The clocks an election message asks its receiver to take in."""
+    match message:
+        case Campaign(candidacy=candidacy):
+            return (candidacy.clock,)
+        case Announce(winner=winner):
+            return (winner.clock,)
+        case Hello(clock=clock, session=None):
+            return (clock,)
+        case Hello(clock=clock, session=Candidacy(clock=session_clock)):
+            return (clock, session_clock)
+    return ()

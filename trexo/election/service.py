@@ -103,7 +103,7 @@ class Election:
             # since a thread hop costs more (and would let a MockClock skip past deadlines).
             core = ElectionCore(
                 self.node_id,
-                clock=load_clock(self._data_dir),
+                clock=load_clock(self._data_dir, max_clock=self._config.max_clock),
                 config=self._config,
                 commands_seen=self._commands_seen,
                 force_master=self._force_master,
@@ -157,7 +157,7 @@ class Election:
     async def _carry_out(self, outputs: Outputs) -> None:
         if outputs.clock is not None:
             # Before anything carries the new clock off this node.
-            store_clock(self._data_dir, outputs.clock)
+            store_clock(self._data_dir, outputs.clock, max_clock=self._config.max_clock)
         for note in outputs.notes:
             self._log_note(note)
         for outgoing in outputs.messages:

@@ -19,6 +19,7 @@ every rank's samplers agree.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -63,12 +64,42 @@ class _Generation:
     generated: int = 0
 
 
+def check_sampling(params: SamplingParams) -> None:
+    """`ValueError` naming the first sampling parameter mlx-lm would refuse mid-step.
+
+    A sampler or logits processor that raises inside `step` fails every generation in the
+    batch; checked here, before the request joins, a bad value is its own request's error.
+    (The dialects check ranges too; a request from a peer has only this check.)"""
+    checks = (
+        (
+            "temperature",
+            params.temperature,
+            math.isfinite(params.temperature) and params.temperature >= 0,
+        ),
+        ("top_p", params.top_p, 0.0 <= params.top_p <= 1.0),
+        ("min_p", params.min_p, 0.0 <= params.min_p <= 1.0),
+        ("top_k", params.top_k, params.top_k >= 0),
+    )
+    for name, value, ok in checks:
+        if not ok:
+            raise ValueError(f"{name} {value!r} is out of range")
+    penalty = params.repetition_penalty
+    if penalty is not None and not (math.isfinite(penalty) and penalty > 0):
+        raise ValueError(f"repetition_penalty {penalty!r} is out of range")
+
+
+def _top_k(logprobs: mx.array, k: int) -> mx.array:
+    # mlx-lm raises for k >= the vocabulary (mid-step, for the whole batch): keeping at least
+    # every token filters nothing.
+    return logprobs if k >= logprobs.shape[-1] else apply_top_k(logprobs, k)
+
+
 def request_sampler(params: SamplingParams, seed: int | None) -> Sampler | None:
     """`params`' sampler with a random key of its own (None: greedy, the shared sampler).
 
     The same filters as mlx-lm's `make_sampler`, but each request draws from its own key
     (`mx.random.categorical(..., key=)`), so a seeded request samples the same tokens
-    whatever else is in the batch.
+    whatever else is in the batch. `params` passed `check_sampling`.
     """
     if params.temperature == 0:
         return None
@@ -78,7 +109,7 @@ def request_sampler(params: SamplingParams, seed: int | None) -> Sampler | None:
     if params.min_p != 0.0:
         filters.append(lambda x: apply_min_p(x, params.min_p, 1))
     if params.top_k > 0:
-        filters.append(lambda x: apply_top_k(x, params.top_k))
+        filters.append(lambda x: _top_k(x, params.top_k))
     key = mx.random.key(seed if seed is not None else random.getrandbits(SEED_BITS))
     scale = 1 / params.temperature
 
@@ -145,8 +176,9 @@ class BatchEngine:
     def add(self, request: GenerationRequest, prompt: list[int]) -> None:
         """Start `request` (its `prompt` encoded and checked by the caller) at the next step.
 
-        `ValueError` if its response format cannot be followed."""
+        `ValueError` if its sampling parameters or response format cannot be used."""
         params = request.params
+        check_sampling(params)
         processors = self._processors(request)
         cache, rest = self._cached_prefix(prompt)
         cached = len(prompt) - len(rest)

@@ -7,7 +7,6 @@ the flag its trio side sets. One generation at a time: seeding and the KV cache 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from trexo.engine.batch import BatchEngine
 from trexo.engine.prompt import encode_prompt, read_context_length
 from trexo.engine.sharding import Sampler, SamplerWrap, shard_model
 from trexo.hub.files import WEIGHT_INDEX, missing_weight_files
+from trexo.json_file import BadJsonFile, read_json_object
 from trexo.types.chunks import Chunk, Usage
 from trexo.types.generation import GenerationRequest, SamplingParams
 from trexo.types.shard import ShardSpec
@@ -56,11 +56,11 @@ def _check_shard_files(model_dir: Path, shard: ShardSpec) -> None:
     """`FileNotFoundError` naming the weight files `shard` needs that `model_dir` lacks."""
     index_path = model_dir / WEIGHT_INDEX
     try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
+        index = read_json_object(index_path)  # a hub's file: bounded, the hardened decoder
     except FileNotFoundError:
         index = None
-    except ValueError as exc:
-        raise ValueError(f"{index_path} is not JSON: {exc}") from exc
+    except BadJsonFile as exc:
+        raise ValueError(f"{model_dir}: {exc}") from None
     present = [p.name for p in model_dir.iterdir() if p.exists()]
     if missing := missing_weight_files(index, shard, present):
         raise FileNotFoundError(
@@ -110,6 +110,12 @@ class Engine:
         # mlx-lm treats a path that does not exist as a Hugging Face repo id and downloads it.
         if not (model_dir / "config.json").is_file():
             raise FileNotFoundError(f"no model (config.json) in {model_dir}")
+        # mlx-lm reads it with the standard library's parser, which recurses per level: a
+        # hub's config nested deep is this load's clear error, not a RecursionError there.
+        try:
+            read_json_object(model_dir / "config.json")
+        except BadJsonFile as exc:
+            raise ValueError(f"{model_dir}: {exc}") from None
         progress = on_progress or _no_progress
         progress(0.0)
         share_tokens = None

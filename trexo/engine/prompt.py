@@ -8,22 +8,38 @@ what it may call. When a call is forced (`tool_choice` required or a named funct
 generation prompt ends with the tokenizer's tool-call start marker, so the model's first
 words are a call (`forced_tool_call`).
 
-User content is tokenized as text: a chat template renders messages to one string, and
-tokenizing that string would turn control strings a user typed (`<|im_end|>`,
-`<|im_start|>system`) into control tokens, letting them forge turns. So when any content
-holds a special token's text, the template is rendered around placeholders and each
-message's content is tokenized with special tokens split into ordinary text.
+What a client sends is tokenized as text: a chat template renders messages and tools to one
+string, and tokenizing that string would turn control strings a client typed (`<|im_end|>`,
+`<|im_start|>system`) into control tokens, letting them forge turns. So when any string the
+template is given (message content, names, tool and parameter descriptions, a replayed
+call's arguments) holds a special token's text, each such text is replaced by a placeholder
+before rendering, and tokenized as ordinary text where its placeholder came out.
+
+The chat template is code from the model's files: whatever it raises on a request's messages
+(stock templates raise on a system turn or on the order of roles) is that request's
+`PromptError`, and it renders within a time budget (`trexo.engine.template_budget`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
+from trexo.config import TEMPLATE_RENDER_TIMEOUT_S
+from trexo.engine.template_budget import TEMPLATE_CODE, TemplateTimeout, template_budget
+from trexo.json_file import BadJsonFile, read_json_object
 from trexo.types.generation import ChatMessage, GenerationRequest, ToolCall, ToolSpec
+
+
+class PromptError(ValueError):
+    """The request's messages cannot be made into a prompt: the chat template refused them."""
+
 
 CONTEXT_LENGTH_KEYS = (
     "max_position_embeddings",
@@ -47,15 +63,22 @@ def context_length(config: Mapping[str, Any]) -> int | None:
 
 
 def read_context_length(model_dir: Path) -> int | None:
-    """`context_length` of the model in `model_dir` (its `config.json`)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return context_length(config) if isinstance(config, dict) else None
+    """`context_length` of the model in `model_dir` (its `config.json`); None if it states
+    none, or is no JSON object (a hub's file: read bounded, by the hardened decoder)."""
+    try:
+        config = read_json_object(Path(model_dir) / "config.json")
+    except BadJsonFile:
+        return None
+    return context_length(config)
 
 
-def encode_prompt(tokenizer: Any, request: GenerationRequest) -> list[int]:
+def encode_prompt(
+    tokenizer: Any, request: GenerationRequest, *, render_timeout: float = TEMPLATE_RENDER_TIMEOUT_S
+) -> list[int]:
     """The prompt's token ids: the chat template applied to `messages`, or `prompt`.
 
-    `tokenizer` is mlx-lm's `TokenizerWrapper` (or a Hugging Face tokenizer).
+    `tokenizer` is mlx-lm's `TokenizerWrapper` (or a Hugging Face tokenizer). `PromptError`
+    if the chat template raises on these messages or runs longer than `render_timeout`.
     """
     if request.messages is not None:
         ids = encode_chat(
@@ -63,6 +86,7 @@ def encode_prompt(tokenizer: Any, request: GenerationRequest) -> list[int]:
             request.messages,
             template_tools(request),
             continue_final=request.continue_final,
+            render_timeout=render_timeout,
         )
         if forced_tool_call(tokenizer, request):
             ids += _encode(tokenizer, tokenizer.tool_call_start, split_special=False)
@@ -110,34 +134,95 @@ def encode_chat(
     tools: list[dict[str, Any]] | None = None,
     *,
     continue_final: bool = False,
+    render_timeout: float = TEMPLATE_RENDER_TIMEOUT_S,
 ) -> list[int]:
-    """The chat template applied to `messages`; control strings in content stay text.
+    """The chat template applied to `messages`; control strings a client sent stay text.
 
     `continue_final`: the last (assistant) message is left open for the model to go on,
     as Hugging Face's `continue_final_message` does, instead of a new turn being opened."""
-    specials = special_token_texts(tokenizer)
-    extra: dict[str, Any] = {"tools": tools} if tools else {}
+    extra: dict[str, Any] = {}
     if continue_final:
         extra.update(add_generation_prompt=False, continue_final_message=True)
     else:
         extra.update(add_generation_prompt=True)
-    if not any(special in m.content for m in messages for special in specials):
-        return list(tokenizer.apply_chat_template(_as_dicts(messages), **extra))
-    # Placeholders: a random marker nothing else in the rendered text can contain.
-    marker = f"trexo{secrets.token_hex(8)}"
-    holders = [f"{marker}{i}{marker}" for i in range(len(messages))]
-    rendered = tokenizer.apply_chat_template(_as_dicts(messages, holders), tokenize=False, **extra)
+    holders = _Placeholders(special_token_texts(tokenizer))
+    chat = holders.hide(_as_dicts(messages))
+    shown_tools = holders.hide(tools) if tools else None
+    if shown_tools:
+        extra["tools"] = shown_tools
+    if not holders.used:
+        return list(_render(tokenizer, chat, render_timeout, **extra))
+    rendered: str = _render(tokenizer, chat, render_timeout, tokenize=False, **extra)
     ids: list[int] = []
-    rest = rendered
-    for holder, message in zip(holders, messages, strict=True):
-        before, found, rest = rest.partition(holder)
-        if not found:  # the template dropped this message's content: nothing to tokenize
-            rest = before
-            continue
-        ids += _encode(tokenizer, before, split_special=False)
-        ids += _encode(tokenizer, message.content, split_special=True)
-    ids += _encode(tokenizer, rest, split_special=False)
+    for k, piece in enumerate(holders.split(rendered)):
+        # Even pieces are the template's text; odd ones a client's control string, as text.
+        ids += _encode(tokenizer, piece, split_special=k % 2 == 1)
     return ids
+
+
+def _render(tokenizer: Any, chat: list[dict[str, Any]], timeout: float, **options: Any) -> Any:
+    """`apply_chat_template` within `timeout`; whatever the template raises, a `PromptError`."""
+    try:
+        with template_budget(timeout):
+            return tokenizer.apply_chat_template(chat, **options)
+    except Exception as exc:
+        if not _from_template(exc):
+            raise  # e.g. the model has no chat template: not about this request
+        # The template is code: what it raises is about these messages, never a reason to
+        # fail anything but this request.
+        raise PromptError(f"the model's chat template cannot render this request: {exc}") from exc
+
+
+def _from_template(exc: Exception) -> bool:
+    """Whether the template raised `exc`: Jinja's errors (`raise_exception`, the sandbox),
+    its time budget, or anything raised while a template's code ran."""
+    if isinstance(exc, jinja2.TemplateError | TemplateTimeout):
+        return True
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == TEMPLATE_CODE:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+class _Placeholders:
+    """Stands in for control strings inside the strings a chat template is given.
+
+    A placeholder is a random marker around the control string's number: letters and digits
+    only, so it comes out of any escaping a template applies (`tojson`) unchanged."""
+
+    def __init__(self, specials: frozenset[str]) -> None:
+        self._texts = sorted(specials, key=len, reverse=True)  # the longest match first
+        self._find = re.compile("|".join(map(re.escape, self._texts))) if self._texts else None
+        self._marker = f"trexo{secrets.token_hex(8)}"
+        self._split = re.compile(f"{self._marker}(\\d+){self._marker}")
+        self.used = False
+
+    def hide(self, value: Any) -> Any:
+        """`value` (JSON-like: dicts, lists, strings) with control strings replaced."""
+        if isinstance(value, str):
+            return self._hide_text(value)
+        if isinstance(value, Mapping):
+            return {self.hide(key): self.hide(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.hide(item) for item in value]
+        return value
+
+    def _hide_text(self, text: str) -> str:
+        if self._find is None or self._find.search(text) is None:
+            return text
+        self.used = True
+        return self._find.sub(self._holder, text)
+
+    def _holder(self, match: re.Match[str]) -> str:
+        return f"{self._marker}{self._texts.index(match.group())}{self._marker}"
+
+    def split(self, rendered: str) -> list[str]:
+        """`rendered` cut at placeholders: text, control string, text, ... (the original
+        control strings at odd positions)."""
+        pieces = self._split.split(rendered)
+        return [self._texts[int(p)] if k % 2 else p for k, p in enumerate(pieces)]
 
 
 def special_token_texts(tokenizer: Any) -> frozenset[str]:
@@ -150,16 +235,13 @@ def special_token_texts(tokenizer: Any) -> frozenset[str]:
     return frozenset(t for t in texts if t)
 
 
-def _as_dicts(
-    messages: Sequence[ChatMessage], contents: Sequence[str] | None = None
-) -> list[dict[str, Any]]:
-    texts = contents if contents is not None else [m.content for m in messages]
-    return [_as_dict(m, text) for m, text in zip(messages, texts, strict=True)]
+def _as_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    return [_as_dict(m) for m in messages]
 
 
-def _as_dict(message: ChatMessage, content: str) -> dict[str, Any]:
+def _as_dict(message: ChatMessage) -> dict[str, Any]:
     """A message as chat templates read it (Hugging Face's convention, as mlx-lm passes it)."""
-    out: dict[str, Any] = {"role": message.role, "content": content}
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.tool_calls:
         out["tool_calls"] = [_call_dict(call) for call in message.tool_calls]
     if message.tool_call_id is not None:

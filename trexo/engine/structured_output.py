@@ -4,7 +4,8 @@
 tokens its JSON grammar allows: `"json_object"` (any one JSON object) or `"json_schema"` (a
 value the schema accepts). Once the JSON is complete the processor allows only the
 tokenizer's EOS ids, so generation stops right there. `check_schema` validates a schema
-without a model or tokenizer, for the API node to answer HTTP 400 early.
+without a model or tokenizer (`trexo.engine.schema_grammar`; a client's schema is checked
+first in a bounded process, `trexo.schema_guard`).
 
 What mlx-lm passes a processor: `processor(tokens, logits)` once per decoded token, where
 `tokens` is the request's context so far (the prompt tokens mlx-lm knows of, then every
@@ -20,24 +21,28 @@ The JSON is compact (no whitespace between tokens of the syntax): flexible white
 weak model pad forever with spaces and newlines, a known failure of constrained decoding.
 
 The llguidance tokenizer bridge costs ~20 ms for a 2k vocabulary (~1 s for 150k, by
-llguidance's account) and is built once per tokenizer, then shared.
+llguidance's account) and is built once per tokenizer, then shared. A compiled schema is kept
+too (a few per tokenizer) and copied for each request: clients send the same schema with
+every request, and the compute thread compiles it once.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Final, cast
+from collections import OrderedDict
+from typing import Any, Final, cast
 
 import llguidance
 import mlx.core as mx
 import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions
+from trexo.config import SCHEMA_MATCHERS_CACHED
+from trexo.engine.schema_grammar import LIMITS, check_schema, grammar
+
+__all__ = ["KINDS", "JsonProcessor", "check_schema", "format_processor", "tokenizer_bridge"]
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +52,11 @@ KINDS: Final = ("json_object", "json_schema")
 ANY_OBJECT_SCHEMA: Final = '{"type": "object"}'
 """`json_object`: one JSON object, whatever it holds."""
 
-JSON_OPTIONS: Final[JsonCompileOptions] = {"whitespace_flexible": False}
-"""llguidance JSON compile options, applied over the schema's own `x-guidance` options."""
-
-LIMITS: Final = llguidance.LLParserLimits(verbose_errors=False)
-"""llguidance's default limits, with short error messages (no parser state or grammar dump)."""
-
 _bridges: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+_matchers: weakref.WeakKeyDictionary[Any, OrderedDict[str, llguidance.LLMatcher]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per tokenizer: compiled grammars, never stepped, copied for each request (recent last)."""
 _bridges_lock = threading.Lock()
 
 
@@ -85,32 +88,6 @@ def tokenizer_bridge(tokenizer: Any) -> llguidance.LLTokenizer:
                 raise ValueError(f"llguidance cannot use this tokenizer: {exc}") from exc
             _bridges[tokenizer] = bridge
         return bridge
-
-
-def _grammar(schema_json: str) -> str:
-    """The llguidance grammar of `schema_json`; `ValueError` with a user-facing message."""
-    try:
-        schema = json.loads(schema_json)
-    except ValueError as exc:
-        raise ValueError(f"the JSON schema is not valid JSON: {exc}") from exc
-    if not isinstance(schema, dict | bool):
-        raise ValueError(f"the JSON schema must be a JSON object, not {type(schema).__name__}")
-    try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=JSON_OPTIONS)
-    except ValueError as exc:
-        raise ValueError(f"the JSON schema cannot be used: {exc}") from exc
-
-
-def check_schema(schema_json: str) -> None:
-    """`ValueError` with a user-facing message unless llguidance can compile `schema_json`.
-
-    Needs no tokenizer or model: the grammar is compiled and checked on its own. A schema that
-    passes here can still fail against a real vocabulary only by exceeding a resource limit
-    (`format_processor` then raises the same kind of error).
-    """
-    error = llguidance.LLMatcher.validate_grammar(_grammar(schema_json), limits=LIMITS)
-    if error:
-        raise ValueError(f"unsupported JSON schema: {error}")
 
 
 class JsonProcessor:
@@ -223,9 +200,27 @@ def format_processor(tokenizer: Any, kind: str, schema_json: str | None) -> Json
             raise ValueError("response_format json_schema needs a schema")
     else:
         raise ValueError(f"unknown response_format type {kind!r}: expected one of {KINDS}")
-    grammar = _grammar(schema_json)
     bridge = tokenizer_bridge(tokenizer)
-    matcher = llguidance.LLMatcher(bridge, grammar, log_level=0, limits=LIMITS)
-    if matcher.is_error():
-        raise ValueError(f"unsupported JSON schema: {matcher.get_error()}")
-    return JsonProcessor(matcher, bridge.vocab_size, _eos_ids(tokenizer))
+    return JsonProcessor(
+        _matcher(tokenizer, bridge, schema_json), bridge.vocab_size, _eos_ids(tokenizer)
+    )
+
+
+def _matcher(
+    tokenizer: Any, bridge: llguidance.LLTokenizer, schema_json: str
+) -> llguidance.LLMatcher:
+    """A fresh matcher of `schema_json`: a copy of the one compiled before, if it was."""
+    with _bridges_lock:
+        compiled = _matchers.setdefault(tokenizer, OrderedDict())
+        pristine = compiled.get(schema_json)
+        if pristine is not None:
+            compiled.move_to_end(schema_json)
+            return pristine.deep_copy()
+    pristine = llguidance.LLMatcher(bridge, grammar(schema_json), log_level=0, limits=LIMITS)
+    if pristine.is_error():
+        raise ValueError(f"unsupported JSON schema: {pristine.get_error()}")
+    with _bridges_lock:
+        compiled[schema_json] = pristine
+        while len(compiled) > SCHEMA_MATCHERS_CACHED:
+            compiled.popitem(last=False)
+    return pristine.deep_copy()

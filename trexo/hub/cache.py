@@ -12,18 +12,32 @@ attempt's partial file uniquely and so starts over after a crash, trexo keeps on
 `<etag>.incomplete` per blob (the name huggingface_hub's cache scanner knows), so a download
 killed midway resumes where it stopped; the lock is huggingface_hub's own, so the two never
 write one blob at the same time.
+
+Every name that goes into a path here (repository, commit, revision, blob, file name) is
+checked against its strict shape (`trexo.hub.names`), and every path built is checked to
+stay inside the cache: a hostile listing or model reference gets `UnsafeHubData`, never a
+path elsewhere.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import attrs
 
+from trexo.errors import UnsafeHubData
+from trexo.hub.names import (
+    COMMIT,
+    check_commit,
+    check_etag,
+    check_file_name,
+    check_repo_id,
+    check_revision,
+    is_repo_id,
+)
+
 REPO_FOLDER_PREFIX = "models--"
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
 PARTIAL_SUFFIX = ".incomplete"
 
 
@@ -43,42 +57,59 @@ class RepoCache:
     """One model repository's part of a Hugging Face cache."""
 
     root: Path
-    repo_id: str
+    repo_id: str = attrs.field()
+
+    @repo_id.validator
+    def _check_repo_id(self, _: object, value: str) -> None:
+        check_repo_id(value)
 
     @property
     def folder(self) -> Path:
         return self.root / repo_folder_name(self.repo_id)
 
     def blob(self, etag: str) -> Path:
-        return self.folder / "blobs" / etag
+        return self._inside(self.folder / "blobs" / check_etag(etag))
 
     def partial(self, etag: str) -> Path:
-        return self.folder / "blobs" / f"{etag}{PARTIAL_SUFFIX}"
+        return self._inside(self.folder / "blobs" / f"{check_etag(etag)}{PARTIAL_SUFFIX}")
 
     def lock(self, etag: str) -> Path:
-        return self.root / ".locks" / repo_folder_name(self.repo_id) / f"{etag}.lock"
+        name = f"{check_etag(etag)}.lock"
+        return self._inside(self.root / ".locks" / repo_folder_name(self.repo_id) / name)
 
     def snapshot(self, commit: str) -> Path:
-        return self.folder / "snapshots" / commit
+        return self._inside(self.folder / "snapshots" / check_commit(commit))
 
     def pointer(self, commit: str, name: str) -> Path:
-        return self.snapshot(commit) / name
+        return self._inside(self.snapshot(commit) / check_file_name(name))
+
+    def _ref(self, revision: str) -> Path:
+        return self._inside(self.folder / "refs" / check_revision(revision))
+
+    def _inside(self, path: Path) -> Path:
+        """`path`, once its folder, with every link in it followed, is inside the cache (its
+        last part may be a link: a snapshot's file points into `blobs/`)."""
+        root = self.root.resolve()
+        if not path.parent.resolve().is_relative_to(root):
+            raise UnsafeHubData(f"{path} is outside the Hugging Face cache {root}")
+        return path
 
     def commit_of(self, revision: str) -> str | None:
         """The commit `revision` names: itself if it is a commit hash, else what the cache
         recorded for that branch or tag (None if nothing)."""
-        if COMMIT.match(revision):
+        if COMMIT.match(check_revision(revision)):
             return revision
         try:
-            recorded = (self.folder / "refs" / revision).read_text().strip()
+            recorded = self._ref(revision).read_text().strip()
         except OSError:
             return None
         return recorded if COMMIT.match(recorded) else None
 
     def record_ref(self, revision: str, commit: str) -> None:
+        check_commit(commit)
         if revision == commit:
             return
-        path = self.folder / "refs" / revision
+        path = self._ref(revision)
         if path.is_file() and path.read_text().strip() == commit:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,6 +167,6 @@ def cached_repos(root: Path) -> list[RepoCache]:
     found = []
     for folder in folders:
         repo_id = repo_id_of_folder(folder.name)
-        if repo_id is not None and folder.is_dir():
+        if repo_id is not None and is_repo_id(repo_id) and folder.is_dir():
             found.append(RepoCache(root, repo_id))
     return found

@@ -8,7 +8,9 @@ once): callers that want the same model and shard share the job; when the last o
 stops waiting (its instance was deleted) the process is ended at once, and what it fetched
 stays for the next job to resume. Jobs of one repository run one at a time. A failure that
 may pass (network down) is retried with backoff for as long as someone waits; one that
-cannot (unknown repo, gated, no disk space, offline) is raised.
+cannot (unknown repo, gated, no disk space, offline, a hub answering what no hub would) is
+raised; content that differs from its listing, or a download process that died, is retried
+a few times in a row (`gives_up`), then raised.
 
 Progress goes out as `DownloadReport` facts on `facts` (the session's Worker sends them to
 the master), at most every `report_interval` seconds and at every change of phase.
@@ -27,12 +29,13 @@ from pathlib import Path
 import attrs
 import trio
 
-from trexo import wire
+from trexo import thread_pools, wire
 from trexo.config import MAX_FRAME_BYTES, HubConfig
-from trexo.errors import HUB_ERRORS, DownloadCrashed, HubError, MalformedMessage
+from trexo.errors import HUB_ERRORS, DownloadCrashed, HubError, HubUnreachable, MalformedMessage
 from trexo.hub.cache import RepoCache
 from trexo.hub.local import has_everything
 from trexo.hub.meter import RateMeter
+from trexo.hub.names import check_revision
 from trexo.types.downloads import DownloadPhase, DownloadProgress
 from trexo.types.fetch import (
     FetchDone,
@@ -63,6 +66,19 @@ class _Job:
     waiters: int = 0
     snapshot: Path | None = None
     error: HubError | None = None
+
+
+def gives_up(error: HubError, failures: int, limit: int) -> bool:
+    """Whether a download stops at `error`, its job's `failures`-th retryable failure other
+    than an unreachable hub. Permanent errors stop it at once; an unreachable hub never does
+    (retried with backoff for as long as someone waits); corrupt content or a dead download
+    process after `limit` of them: a dropped connection is resumed within one attempt, so
+    content wrong again and again is a hub sending the wrong bytes."""
+    if not error.retryable:
+        return True
+    if isinstance(error, HubUnreachable):
+        return False
+    return failures >= limit
 
 
 class Downloads:
@@ -118,9 +134,12 @@ class Downloads:
         revision = model.hub_revision
         if revision is None:
             raise ValueError(f"{model.model_id} is not a Hugging Face model ({model.source})")
+        # A reference from a peer or a client: its names become paths, so they are checked
+        # here, with a clear error, before anything is looked up or started.
         cache = RepoCache(self._config.cache_dir, revision.repo_id)
+        check_revision(revision.commit)
         whole = shard or ShardSpec()
-        if await trio.to_thread.run_sync(has_everything, cache, revision.commit, whole):
+        if await thread_pools.run_sync("files", has_everything, cache, revision.commit, whole):
             return cache.snapshot(revision.commit)
         key = (model.source, shard)
         job = self._jobs.get(key)
@@ -160,13 +179,15 @@ class Downloads:
 
     async def _attempts(self, job: _Job) -> None:
         model_id = job.model.model_id
-        attempt = 0
+        attempt = failures = 0
         while True:
             self._update(model_id, phase=DownloadPhase.DOWNLOADING, error=None, retry_in=None)
             try:
                 job.snapshot = await self._run_process(job)
             except HubError as exc:
-                if not exc.retryable:
+                if not isinstance(exc, HubUnreachable):
+                    failures += 1
+                if gives_up(exc, failures, self._config.max_corrupt_attempts):
                     log.error("download of %s failed: %s", model_id, exc)
                     job.error = exc
                     self._update(
@@ -211,6 +232,7 @@ class Downloads:
             progress_interval=config.progress_interval,
             disk_margin=config.disk_margin,
             request_timeout=config.request_timeout,
+            max_json_bytes=config.max_json_bytes,
         )
         helper = self._idle.pop() if self._idle else await self._start_helper()
         meter = RateMeter(config.rate_window)

@@ -5,6 +5,9 @@ retries of a dropped connection); trexo keeps the partial file under a stable na
 killed download resumes, checks the size and the hash against the hub's listing, and only
 then renames the file into place and links it into the snapshot. Blocking: it runs in the
 download process (`trexo.hub.worker`).
+
+The listing's size is also the transfer's bound: a body longer than listed (an endless one)
+stops there with `CorruptDownload`, its bytes removed, so a hostile hub cannot fill the disk.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, BinaryIO
 from filelock import FileLock
 
 from trexo.durable import fsync_dir
-from trexo.errors import CorruptDownload
+from trexo.errors import CorruptDownload, UnsafeHubData
 from trexo.hub.cache import RepoCache
 from trexo.hub.files import RepoFile
 from trexo.hub.listing import map_hub_errors
@@ -45,7 +48,7 @@ def fetch_file(
     """
     etag = file.etag
     if etag is None:
-        raise CorruptDownload(f"the hub listed {file.name} of {cache.repo_id} without a hash")
+        raise UnsafeHubData(f"the hub listed {file.name} of {cache.repo_id} without a hash")
     if cache.has(commit, file.name, file.size):
         return
     blob = cache.blob(etag)
@@ -80,8 +83,7 @@ def _download(
     chunk_bytes: int,
 ) -> None:
     from huggingface_hub import constants
-    from huggingface_hub.file_download import hf_hub_url, http_get
-    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+    from huggingface_hub.file_download import hf_hub_url
 
     partial = cache.partial(etag)
     partial.parent.mkdir(parents=True, exist_ok=True)
@@ -93,27 +95,52 @@ def _download(
     # Progress, and what a kill loses, come in chunks of this size (huggingface_hub reads
     # this module constant on every call; its default is 10 MiB).
     constants.DOWNLOAD_CHUNK_SIZE = chunk_bytes
-    with partial.open("ab") as out:
-        checked = ContentCheck(file, partial, resume)
-        if resume < file.size:
-            with map_hub_errors(cache.repo_id, endpoint):
-                http_get(
-                    url,
-                    checked.writer(out),  # type: ignore[arg-type]
-                    resume_size=resume,
-                    headers=build_hf_headers(),
-                    expected_size=file.size,
-                    displayed_filename=file.name,
-                    tqdm_class=_progress_class(on_bytes),
-                )
-            out.flush()
-            os.fsync(out.fileno())
+    try:
+        with partial.open("ab") as out:
+            checked = ContentCheck(file, partial, resume)
+            if resume < file.size:
+                _transfer(cache, url, checked.writer(out), resume, file, endpoint, on_bytes)
+                out.flush()
+                os.fsync(out.fileno())
+    except CorruptDownload as exc:  # a body longer than listed: what came cannot be trusted
+        partial.unlink(missing_ok=True)
+        raise CorruptDownload(f"{cache.repo_id}/{exc}") from None
     problem = checked.problem()
     if problem is not None:
         partial.unlink(missing_ok=True)
         raise CorruptDownload(f"{cache.repo_id}/{file.name}: {problem}; fetching it again")
     partial.replace(cache.blob(etag))
     fsync_dir(partial.parent)
+
+
+def _transfer(
+    cache: RepoCache,
+    url: str,
+    out: _HashingWriter,
+    resume: int,
+    file: RepoFile,
+    endpoint: str,
+    on_bytes: BytesCallback,
+) -> None:
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+    try:
+        with map_hub_errors(cache.repo_id, endpoint):
+            http_get(
+                url,
+                out,  # type: ignore[arg-type]
+                resume_size=resume,
+                headers=build_hf_headers(),
+                expected_size=file.size,
+                displayed_filename=file.name,
+                tqdm_class=_progress_class(on_bytes),
+            )
+    except OSError as exc:
+        if exc.errno is not None:  # the disk's error, not the transfer's
+            raise
+        # huggingface_hub's consistency check: the body ended short of the listed size.
+        # `ContentCheck.problem` says so, and the bad bytes go.
 
 
 class ContentCheck:
@@ -174,6 +201,15 @@ class _HashingWriter:
         self._check = check
 
     def write(self, data: bytes) -> int:
+        listed = self._check._file.size
+        room = listed - self._check._written
+        if len(data) > room:  # never more than listed: an endless body must not fill the disk
+            self._check._update(data[:room])
+            self._out.write(data[:room])
+            raise CorruptDownload(
+                f"{self._check._file.name}: the hub sent a body longer than the "
+                f"{listed} bytes it lists; fetching it again"
+            )
         self._check._update(data)
         return self._out.write(data)
 

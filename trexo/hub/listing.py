@@ -1,5 +1,12 @@
-"""A repository's files at one commit: from the hub (huggingface_hub's `model_info`), or, offline,
-from what the cache holds. huggingface_hub's errors become trexo's (`map_hub_errors`).
+"""A repository's files at one commit: from the hub (its model-info endpoint, with the files'
+sizes and hashes), or, offline, from what the cache holds. huggingface_hub's errors become
+trexo's (`map_hub_errors`): the permanent ones (no such repository, gated, a hub that answers
+what no hub would) are not retried, `HubUnreachable` may be.
+
+Everything in a listing is the hub's word, and a hub (or a repository on it) can be hostile:
+the listing is read bounded (`get_small`), parsed by the hardened decoder, and each name in it
+that becomes a path (commit, hashes, file names) checked for its shape. One bad entry refuses
+the whole listing: a hub that sends one would send others.
 
 Blocking: call from a worker thread or the download process.
 """
@@ -7,13 +14,16 @@ Blocking: call from a worker thread or the download process.
 from __future__ import annotations
 
 import errno
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import attrs
 
+from trexo import safe_json
+from trexo.config import HUB_SMALL_ANSWER_TIMEOUT_S, MAX_HUB_JSON_BYTES
 from trexo.errors import (
     HubError,
     HubUnreachable,
@@ -22,22 +32,30 @@ from trexo.errors import (
     NotOnDisk,
     RepoAccessDenied,
     RepoNotFound,
+    UnsafeHubData,
 )
 from trexo.hub.cache import RepoCache
 from trexo.hub.files import CONFIG_FILE, RepoFile, is_weight_file
+from trexo.hub.names import (
+    check_blob_id,
+    check_commit,
+    check_repo_id,
+    check_revision,
+    check_sha256,
+    file_name_problem,
+)
+from trexo.hub.names import is_repo_id as is_repo_id
+from trexo.hub.small_answer import get_small
 
 DEFAULT_REVISION = "main"
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
-"""`org/name` as the hub allows it (no `--` or `..`: checked apart)."""
 TOKEN_HINT = "set HF_TOKEN to a token that has access (and accept the model's terms on the hub)"
 _TRANSPORT_ERRORS = ("TransportError", "TimeoutException", "ConnectionError")
 """Class names, in any exception's MRO, of a request that never got an answer (httpx, httpx2
 and the standard library)."""
-
-
-def is_repo_id(text: str) -> bool:
-    """Whether `text` has the shape of a hub repository id (`org/name`)."""
-    return bool(REPO_ID.match(text)) and "--" not in text and ".." not in text
+_PERMANENT_HTTP_ERRORS = ("TooManyRedirects", "UnsupportedProtocol", "InvalidURL", "DecodingError")
+"""Class names of answers no retry mends: a redirect loop (or a redirect to a scheme HTTP
+cannot follow), a URL that cannot be one, a body that does not decode. Checked before the
+transport errors (`UnsupportedProtocol` is one)."""
 
 
 @attrs.frozen
@@ -107,47 +125,111 @@ def map_hub_errors(repo_id: str, endpoint: str) -> Iterator[None]:
             raise HubUnreachable(f"cannot reach {endpoint}: {exc}") from exc
         raise
     except Exception as exc:
+        if _is_a(exc, _PERMANENT_HTTP_ERRORS):
+            raise UnsafeHubData(_permanent_problem(exc, repo_id, endpoint)) from exc
         if _is_transport_error(exc):
             raise HubUnreachable(f"cannot reach {endpoint}: {exc}") from exc
+        if isinstance(exc, ValueError):  # huggingface_hub refusing what the listing said
+            raise UnsafeHubData(f"{repo_id} on {endpoint}: {exc}") from exc
         raise
 
 
+def _is_a(exc: BaseException, names: tuple[str, ...]) -> bool:
+    return any(cls.__name__ in names for cls in type(exc).__mro__)
+
+
 def _is_transport_error(exc: BaseException) -> bool:
-    return any(cls.__name__ in _TRANSPORT_ERRORS for cls in type(exc).__mro__)
+    return _is_a(exc, _TRANSPORT_ERRORS)
 
 
-def list_remote(repo_id: str, revision: str, *, endpoint: str, timeout: float) -> RepoListing:
-    """The repository's files at `revision` (resolved to its commit), from the hub."""
-    from huggingface_hub import HfApi
+def _permanent_problem(exc: BaseException, repo_id: str, endpoint: str) -> str:
+    if _is_a(exc, ("TooManyRedirects",)):
+        return f"{endpoint} redirects requests for {repo_id} in a loop (or too many times)"
+    return f"{endpoint} answered {repo_id} with what no client can use: {exc}"
 
+
+def list_remote(
+    repo_id: str,
+    revision: str,
+    *,
+    endpoint: str,
+    timeout: float,
+    max_bytes: int = MAX_HUB_JSON_BYTES,
+    deadline: float = HUB_SMALL_ANSWER_TIMEOUT_S,
+) -> RepoListing:
+    """The repository's files at `revision` (resolved to its commit), from the hub; what
+    huggingface_hub's `model_info(files_metadata=True)` asks for."""
+    check_repo_id(repo_id)
+    url = f"{endpoint}/api/models/{repo_id}/revision/{quote(check_revision(revision), safe='')}"
+    what = f"the hub's listing of {repo_id}"
     with map_hub_errors(repo_id, endpoint):
-        info = HfApi(endpoint=endpoint).model_info(
-            repo_id, revision=revision, files_metadata=True, timeout=timeout
+        body = get_small(
+            url,
+            params={"blobs": True},
+            timeout=timeout,
+            deadline=deadline,
+            max_bytes=max_bytes,
+            what=what,
         )
-    return _listing(repo_id, info)
+    try:
+        info = safe_json.loads(body)
+    except safe_json.InvalidJson as exc:
+        raise UnsafeHubData(f"{what} is refused: {exc}") from None
+    return parse_listing(repo_id, info)
 
 
-def _listing(repo_id: str, info: Any) -> RepoListing:
-    commit = info.sha
-    if not isinstance(commit, str) or not commit:
-        raise NotAModel(f"the hub gave no commit for {repo_id}")
-    files = []
-    for sibling in info.siblings or ():
-        lfs = sibling.lfs
-        size = lfs.size if lfs is not None else sibling.size
-        if not isinstance(size, int):
-            continue  # a listing without sizes: not one this client asked for
-        files.append(
-            RepoFile(
-                sibling.rfilename,
-                size,
-                sha256=lfs.sha256 if lfs is not None else None,
-                blob_id=None if lfs is not None else sibling.blob_id,
-            )
-        )
-    modified = info.last_modified or info.created_at
-    created = int(modified.timestamp()) if modified is not None else 0
-    return RepoListing(repo_id, commit, tuple(files), created)
+def parse_listing(repo_id: str, info: Any) -> RepoListing:
+    """The listing in the hub's parsed answer; `UnsafeHubData` for the whole of it if any
+    part is malformed or names an unsafe path."""
+    refused = f"the hub's listing of {repo_id} is refused:"
+    if not isinstance(info, dict):
+        raise UnsafeHubData(f"{refused} it is not a JSON object")
+    try:
+        commit = check_commit(info.get("sha"), "its commit")
+        siblings = info.get("siblings") or []
+        if not isinstance(siblings, list):
+            raise UnsafeHubData("its `siblings` is not a list")
+        files = tuple(f for f in map(_listed_file, siblings) if f is not None)
+    except UnsafeHubData as exc:
+        raise UnsafeHubData(f"{refused} {exc}") from None
+    names = [f.name for f in files]
+    if len(set(names)) != len(names):
+        raise UnsafeHubData(f"{refused} it names a file twice")
+    return RepoListing(repo_id, commit, files, _unix_time(info))
+
+
+def _listed_file(sibling: Any) -> RepoFile | None:
+    """One entry of `siblings`; None for one without a size (not what this client asked)."""
+    if not isinstance(sibling, dict):
+        raise UnsafeHubData("a file entry is not a JSON object")
+    name = sibling.get("rfilename")
+    if (problem := file_name_problem(name)) is not None or not isinstance(name, str):
+        raise UnsafeHubData(f"file name {safe_json.excerpt(name)} {problem}")
+    what = f"file {name!r}"
+    lfs = sibling.get("lfs")
+    if lfs is not None and not isinstance(lfs, dict):
+        raise UnsafeHubData(f"{what} has an `lfs` that is not a JSON object")
+    size = (lfs or sibling).get("size")
+    if size is None:
+        return None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise UnsafeHubData(f"{what} has size {safe_json.excerpt(size)}, not a byte count")
+    if lfs is not None:
+        return RepoFile(name, size, sha256=check_sha256(lfs.get("sha256"), f"{what}'s sha256"))
+    blob_id = sibling.get("blobId")
+    return RepoFile(
+        name, size, blob_id=None if blob_id is None else check_blob_id(blob_id, f"{what}'s blob id")
+    )
+
+
+def _unix_time(info: dict[str, Any]) -> int:
+    """The repository's last change (else its creation) as Unix time; 0 if not stated."""
+    for key in ("lastModified", "createdAt"):
+        value = info.get(key)
+        if isinstance(value, str):
+            with suppress(ValueError):
+                return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp())
+    return 0
 
 
 def list_cached(cache: RepoCache, revision: str) -> RepoListing:

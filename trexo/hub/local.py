@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from trexo.config import MAX_HUB_JSON_BYTES
 from trexo.errors import NotAModel
 from trexo.hub.cache import RepoCache
 from trexo.hub.files import CONFIG_FILE, WEIGHT_INDEX, missing_weight_files
+from trexo.json_file import BadJsonFile, read_json_object
 from trexo.types.shard import ShardSpec
 
 
-def read_index(cache: RepoCache, commit: str) -> dict[str, Any] | None:
-    """The snapshot's parsed weight index; None if it has none; `NotAModel` if unreadable."""
+def read_index(
+    cache: RepoCache, commit: str, max_bytes: int = MAX_HUB_JSON_BYTES
+) -> dict[str, Any] | None:
+    """The snapshot's parsed weight index; None if it has none; `NotAModel` if it is no JSON
+    object (or larger than `max_bytes`: a hub's file, read bounded and by the hardened
+    decoder, since one nested 100,000 deep crashed the node on every read)."""
     try:
-        text = cache.pointer(commit, WEIGHT_INDEX).read_text(encoding="utf-8")
+        return read_json_object(cache.pointer(commit, WEIGHT_INDEX), max_bytes=max_bytes)
     except FileNotFoundError:
         return None
-    try:
-        index = json.loads(text)
-    except ValueError as exc:
-        raise NotAModel(f"{cache.repo_id}: {WEIGHT_INDEX} is not JSON: {exc}") from exc
-    if not isinstance(index, dict):
-        raise NotAModel(f"{cache.repo_id}: {WEIGHT_INDEX} is not a JSON object")
-    return index
+    except BadJsonFile as exc:
+        raise NotAModel(f"{cache.repo_id}: {exc}") from None
 
 
 def missing_for(cache: RepoCache, commit: str, shard: ShardSpec) -> list[str]:

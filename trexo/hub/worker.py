@@ -19,12 +19,20 @@ import shutil
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from trexo import wire
-from trexo.errors import HubError, NoDiskSpace, NotAModel, NotOnDisk
+from trexo.errors import (
+    DownloadCrashed,
+    HubError,
+    NoDiskSpace,
+    NotAModel,
+    NotOnDisk,
+    UnsafeHubData,
+)
 from trexo.hub.cache import RepoCache
 from trexo.hub.fetch import fetch_file, link_file
 from trexo.hub.files import (
@@ -37,6 +45,7 @@ from trexo.hub.files import (
 )
 from trexo.hub.listing import list_cached, list_remote
 from trexo.hub.local import missing_for, read_index
+from trexo.safe_json import bounded
 from trexo.types.fetch import (
     FetchDone,
     FetchEvent,
@@ -96,7 +105,11 @@ def run(job: FetchJob) -> FetchDone:
     if job.offline:
         return _check_offline(job, cache, shard)
     listing = list_remote(
-        job.repo_id, job.revision, endpoint=job.endpoint, timeout=job.request_timeout
+        job.repo_id,
+        job.revision,
+        endpoint=job.endpoint,
+        timeout=job.request_timeout,
+        max_bytes=job.max_json_bytes,
     )
     commit = listing.commit
     if listing.file(CONFIG_FILE) is None:
@@ -106,10 +119,15 @@ def run(job: FetchJob) -> FetchDone:
     needs_index = not (shard.is_whole or shard.sharding == "tensor")
     index_file = listing.file(WEIGHT_INDEX)
     if needs_index and index_file is not None:  # it says which weight files this shard needs
+        if index_file.size > job.max_json_bytes:
+            raise UnsafeHubData(
+                f"{job.repo_id}'s {WEIGHT_INDEX} is larger than {job.max_json_bytes} bytes "
+                f"({index_file.size} listed): not fetched"
+            )
         _fetch(job, cache, commit, index_file, lambda _: None)
         link_file(cache, commit, index_file)
     try:
-        index = read_index(cache, commit) if needs_index else None
+        index = read_index(cache, commit, job.max_json_bytes) if needs_index else None
         wanted = files_for_shard(listing.files, index, shard)
     except ValueError as exc:
         raise NotAModel(f"{job.repo_id}: {exc}") from exc
@@ -193,6 +211,10 @@ def main() -> None:
             _emit(run(job))
         except HubError as exc:
             _emit(FetchFailed(type(exc).__name__, str(exc)))
+        except Exception as exc:  # a bug: its traceback to the log, its reason to the node
+            traceback.print_exc()
+            reason = bounded(repr(exc))
+            _emit(FetchFailed(DownloadCrashed.__name__, f"the download failed: {reason}"))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import attrs
 
 from trexo.config import MEMORY_REPORT_THRESHOLD_BYTES, PLACEMENT_MEMORY_OVERHEAD
+from trexo.idempotency import KEY_REUSED_MESSAGE, command_fingerprint
 from trexo.master.placement import Infeasible, split_of, try_place
 from trexo.state import apply_all
 from trexo.types.commands import CancelTask, DeleteInstance, PlaceInstance, SubmitTask
@@ -49,7 +50,7 @@ from trexo.types.runner_status import (
     RunnerReady,
     RunnerRunning,
 )
-from trexo.types.state import Instance, NodeInfo, RunnerRecord, State, Task
+from trexo.types.state import CommandDone, Instance, NodeInfo, RunnerRecord, State, Task
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,16 @@ def decide_command(
     new_id: Callable[[], str],
     overhead: float = PLACEMENT_MEMORY_OVERHEAD,
 ) -> Decision:
-    """Validate `command` against `state`; `new_id` names what the command creates."""
+    """Validate `command` against `state`; `new_id` names what the command creates.
+
+    A placement or deletion the state records as done (a retry under the same idempotency
+    key, a resend to the next master) is answered with what it did, not done again.
+    """
+    fingerprint = command_fingerprint(command)
+    if (done := state.commands.get(command.command_id)) is not None:
+        if done.fingerprint != fingerprint:
+            return Refused(KEY_REUSED_MESSAGE, RefusalKind.KEY_REUSED)
+        return Accepted((), done.result_id)
     match command:
         case PlaceInstance(
             model=model,
@@ -106,11 +116,13 @@ def decide_command(
             )
             if isinstance(placed, Infeasible):
                 return Refused(placed.reason, placed.kind)
-            return Accepted((InstanceCreated(placed),), placed.instance_id)
+            done = CommandDone(command.command_id, fingerprint or "", placed.instance_id)
+            return Accepted((InstanceCreated(placed, done),), placed.instance_id)
         case DeleteInstance(_, instance_id):
             if instance_id not in state.instances:
                 return Refused(f"no instance {instance_id}", RefusalKind.INSTANCE_NOT_FOUND)
-            return Accepted((InstanceDeleted(instance_id),), instance_id)
+            done = CommandDone(command.command_id, fingerprint or "", instance_id)
+            return Accepted((InstanceDeleted(instance_id, done),), instance_id)
         case SubmitTask(_, model_id, origin_node, request_id):
             if request_id in state.tasks:
                 return Refused(f"task {request_id} already exists", RefusalKind.INVALID)

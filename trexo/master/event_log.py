@@ -20,7 +20,8 @@ power-loss window to ~50 ms.
 Writes go through `trio.to_thread.run_sync`: a page-cache write is usually microseconds, but
 a throttled or stalled disk can block a writer for much longer, and the event loop must not
 stall with it. The ~0.1 ms thread hand-off fits the ~1 ms budget. Threads run only while an
-`append`, the flusher or the close awaits them, so none outlives the log's scope.
+`append`, the flusher or the close awaits them, so none outlives the log's scope; they come
+from the log's own pool (`trexo.thread_pools`), which nothing outside the log can exhaust.
 
 `read_log` tolerates a truncated last line (the process died mid-write); anything else that
 does not decode is corruption and raises `MalformedMessage`.
@@ -49,9 +50,14 @@ from trexo.config import (
 from trexo.durable import fsync_dir
 from trexo.errors import MalformedMessage
 from trexo.fd_limit import retry_on_fd_exhaustion
+from trexo.thread_pools import limiter
 from trexo.types.events import IndexedEvent
 
 log = logging.getLogger(__name__)
+
+
+def _threads() -> trio.CapacityLimiter:
+    return limiter("event_log")
 
 
 def encode_record(event: IndexedEvent) -> bytes:
@@ -136,7 +142,7 @@ class EventLog:
         record = encode_record(event)
         sync_now = self._fsync_interval <= 0
         async with self._lock:
-            await trio.to_thread.run_sync(self._write, record, sync_now)
+            await trio.to_thread.run_sync(self._write, record, sync_now, limiter=_threads())
             self._records_written += 1
             self._segment_bytes += len(record)
             if sync_now:
@@ -161,10 +167,10 @@ class EventLog:
             with trio.CancelScope(shield=True):  # never leave the log without a file
                 if self._records_synced < self._records_written:
                     await self._fsync()
-                new = await trio.to_thread.run_sync(_open_for_append, path)
+                new = await trio.to_thread.run_sync(_open_for_append, path, limiter=_threads())
                 async with self._sync_lock:
                     old, self._file = self._file, new
-                    await trio.to_thread.run_sync(old.close)
+                    await trio.to_thread.run_sync(old.close, limiter=_threads())
             self.path = path
             self._segment_bytes = new.tell()
 
@@ -177,7 +183,7 @@ class EventLog:
     async def _fsync(self) -> None:
         async with self._sync_lock:
             target = self._records_written  # fsync covers every write flushed before it
-            await trio.to_thread.run_sync(os.fsync, self._file.fileno())
+            await trio.to_thread.run_sync(os.fsync, self._file.fileno(), limiter=_threads())
             self._fsyncs += 1
             self._records_synced = max(self._records_synced, target)
 
@@ -197,7 +203,7 @@ class EventLog:
                 if self._records_synced < self._records_written:
                     await self._fsync()
             finally:
-                await trio.to_thread.run_sync(self._file.close)
+                await trio.to_thread.run_sync(self._file.close, limiter=_threads())
 
 
 @asynccontextmanager
@@ -219,6 +225,7 @@ async def open_event_log(
         what=f"event log {path}",
         attempts=open_attempts,
         interval=open_retry,
+        limiter=_threads(),
     )
     event_log = EventLog(path, file, fsync_interval)
     try:

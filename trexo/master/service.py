@@ -31,8 +31,11 @@ from typing import Any
 import attrs
 import trio
 
+from trexo import thread_pools
 from trexo.config import EVENT_LOG_OPEN_ATTEMPTS, EVENT_LOG_OPEN_RETRY_S, MasterConfig
 from trexo.fd_limit import retry_on_fd_exhaustion
+from trexo.idempotency import KEY_REUSED_MESSAGE, command_fingerprint
+from trexo.master.authority import command_refusal, fact_refusal
 from trexo.master.decide import (
     Accepted,
     Decision,
@@ -105,7 +108,8 @@ class MasterStatistics:
     local_events_handled: int
     replays_served: int
     payloads_dropped: int
-    """Messages of the wrong type on the master's topics."""
+    """Messages of the wrong type on the master's topics, and facts a node may not report
+    (about another node, its runners or its tasks)."""
 
 
 class Master:
@@ -139,7 +143,8 @@ class Master:
         self._retained_bytes = 0
         self._log: EventLog | None = None
         self._commands_handled = 0
-        self._replies: dict[str, CommandReply] = {}
+        self._replies: dict[str, tuple[str | None, CommandReply]] = {}
+        """Each command's reply, with what it asked for (`command_fingerprint`)."""
         self._commands_refused = 0
         self._local_events_handled = 0
         self._replays_served = 0
@@ -213,6 +218,7 @@ class Master:
             what=f"reading event log {self.log_dir}",
             attempts=EVENT_LOG_OPEN_ATTEMPTS,
             interval=EVENT_LOG_OPEN_RETRY_S,
+            limiter=thread_pools.limiter("event_log"),
         )
         if stored.snapshot is None and not stored.events:
             return False
@@ -222,8 +228,8 @@ class Master:
             self._history.append(event)
             self._state = apply(self._state, event)
         if stored.snapshot is not None:
-            self._snapshot_bytes = await trio.to_thread.run_sync(
-                disk_bytes, snapshot_path(self.log_dir, stored.snapshot.index)
+            self._snapshot_bytes = await thread_pools.run_sync(
+                "event_log", disk_bytes, snapshot_path(self.log_dir, stored.snapshot.index)
             )
         log.info(
             "master %s resumed from %s and %d logged events after it",
@@ -271,7 +277,7 @@ class Master:
         elif envelope.topic is Topic.COMMANDS and isinstance(payload, _COMMAND_TYPES):
             await self._handle_command(envelope.sender, payload)
         elif envelope.topic is Topic.LOCAL_EVENTS and isinstance(payload, _LOCAL_EVENT_TYPES):
-            await self._handle_local_event(payload)
+            await self._handle_local_event(envelope.sender, payload)
         else:
             self._payloads_dropped += 1
             log.warning(
@@ -284,11 +290,19 @@ class Master:
     async def _handle_command(self, sender: NodeId, command: Command) -> None:
         # Senders resend until they hear back (a command may reach a master that is still
         # starting), so a command is decided once and its reply repeated for any resend.
+        # A reply is repeated only to the same request: an idempotency key reused for
+        # another is refused (the state's record of what was done says the same).
+        fingerprint = command_fingerprint(command)
         if (earlier := self._replies.get(command.command_id)) is not None:
-            await self._send(sender, Topic.STREAM, earlier)
+            asked, reply = earlier
+            if asked != fingerprint:
+                reply = CommandReply(command.command_id, KEY_REUSED_MESSAGE, RefusalKind.KEY_REUSED)
+            await self._send(sender, Topic.STREAM, reply)
             return
         self._commands_handled += 1
-        if isinstance(command, RequestReplay):
+        if (refusal := command_refusal(self._state, sender, command)) is not None:
+            decision: Decision = Refused(refusal, RefusalKind.INVALID)
+        elif isinstance(command, RequestReplay):
             decision = await self._replay(sender, command)
         else:
             decision = self._decide(command)
@@ -307,7 +321,7 @@ class Master:
                 lead_node=self._lead_node(command) if isinstance(command, SubmitTask) else None,
             )
         if not isinstance(command, RequestReplay):
-            self._remember(reply)
+            self._remember(fingerprint, reply)
         await self._send(sender, Topic.STREAM, reply)
 
     def _lead_node(self, command: SubmitTask) -> NodeId | None:
@@ -316,8 +330,8 @@ class Master:
         instance = self._state.instances.get(task.instance_id) if task is not None else None
         return instance.lead.node_id if instance is not None else None
 
-    def _remember(self, reply: CommandReply) -> None:
-        self._replies[reply.command_id] = reply
+    def _remember(self, fingerprint: str | None, reply: CommandReply) -> None:
+        self._replies[reply.command_id] = (fingerprint, reply)
         while len(self._replies) > self.config.remembered_replies:
             del self._replies[next(iter(self._replies))]  # the oldest (dicts keep order)
 
@@ -345,8 +359,17 @@ class Master:
                 break
         return Accepted((), None)
 
-    async def _handle_local_event(self, local_event: LocalEvent) -> None:
+    async def _handle_local_event(self, sender: NodeId, local_event: LocalEvent) -> None:
         self._local_events_handled += 1
+        if (refusal := fact_refusal(self._state, sender, local_event)) is not None:
+            self._payloads_dropped += 1
+            log.warning(
+                "master dropped a %s on local_events from %s: %s",
+                type(local_event).__name__,
+                sender,
+                refusal,
+            )
+            return
         for event in decide_local_event(self._state, local_event):
             await self._emit(event)
 
@@ -378,15 +401,15 @@ class Master:
         snapshot = self._history.take_snapshot(self._state)
         self._last_snapshot_at = trio.current_time()
         try:
-            temporary = await trio.to_thread.run_sync(
-                write_temporary_snapshot, self.log_dir, snapshot
+            temporary = await thread_pools.run_sync(
+                "event_log", write_temporary_snapshot, self.log_dir, snapshot
             )
             if self.config.test_snapshot_pause:
                 await trio.sleep(self.config.test_snapshot_pause)
-            path = await trio.to_thread.run_sync(install_snapshot, temporary)
+            path = await thread_pools.run_sync("event_log", install_snapshot, temporary)
             await self._log.roll(segment_path(self.log_dir, snapshot.index + 1))
-            self._snapshot_bytes = await trio.to_thread.run_sync(disk_bytes, path)
-            await trio.to_thread.run_sync(drop_superseded, self.log_dir, snapshot.index)
+            self._snapshot_bytes = await thread_pools.run_sync("event_log", disk_bytes, path)
+            await thread_pools.run_sync("event_log", drop_superseded, self.log_dir, snapshot.index)
         except OSError as exc:
             log.warning("master %s: could not write a snapshot (%s)", self.session, exc)
             return
@@ -397,18 +420,19 @@ class Master:
         """Once, at start: older sessions' files do not grow while this one runs."""
         config = self.config
         try:
-            await trio.to_thread.run_sync(
+            await thread_pools.run_sync(
+                "event_log",
                 partial(
                     prune_sessions,
                     self.events_dir,
                     self.session,
                     keep_sessions=config.retained_sessions,
                     max_bytes=config.retained_log_bytes,
-                )
+                ),
             )
-            self._retained_bytes = await trio.to_thread.run_sync(
-                disk_bytes, self.events_dir
-            ) - await trio.to_thread.run_sync(disk_bytes, self.log_dir)
+            self._retained_bytes = await thread_pools.run_sync(
+                "event_log", disk_bytes, self.events_dir
+            ) - await thread_pools.run_sync("event_log", disk_bytes, self.log_dir)
         except OSError as exc:
             log.warning("master %s: could not prune old sessions (%s)", self.session, exc)
 

@@ -5,14 +5,20 @@ A node that hears of a peer it is not linked to dials it, but only if its own id
 smaller: the larger learns of the smaller the same way and waits to be dialled, so two
 nodes that hear of each other do not dial each other at once. A star of static peers
 becomes a full mesh this way.
+
+What a peer says about others is only a hint: an address that cannot be a peer's (not an IP
+literal, a broadcast or multicast address, a port out of range) is ignored, and what is
+left is dialled at a bounded rate (`trexo.net.dial_queue`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 
 import attrs
 
+from trexo.safe_json import excerpt
 from trexo.types.ids import NodeId
 
 
@@ -47,3 +53,22 @@ def peer_lists(links: Mapping[NodeId, PeerInfo]) -> dict[NodeId, PeerList]:
         recipient: PeerList(tuple(info for peer, info in links.items() if peer != recipient))
         for recipient in links
     }
+
+
+MAX_PORT = 65535
+_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+
+
+def implausible_address(host: str, port: int) -> str | None:
+    """Why a gossiped (or beaconed) address cannot be a peer's, if it cannot. A link records
+    the IP its connection came from, so a peer's address is an IP literal; a name would be
+    looked up, and any address at all dialled, on a peer's say-so."""
+    if not 1 <= port <= MAX_PORT:
+        return f"port {port} is not within 1..{MAX_PORT}"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return f"{excerpt(host)} is not an IP address"
+    if ip.is_unspecified or ip.is_multicast or ip == _BROADCAST:
+        return f"{ip} is no single host's address"
+    return None

@@ -13,11 +13,18 @@ by `duplicates.keep_new`: both ends keep the same one and close the other with
 kept connection to finish its handshake before it detaches anything, so the router never
 reports the peer lost. Envelopes in flight on the closed duplicate may be lost: this only
 happens while two nodes are first linking.
+
+The peer port is open to anyone, so what reaches it before a handshake ends is bounded:
+connections still handshaking are capped in all and per address (`admission`; the
+surplus is closed at once, before any work), and the nodes that gossip and beacons name are
+dialled at a bounded rate, a bounded number of them (`dial_queue`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
 from contextlib import suppress
 from functools import partial
 
@@ -33,11 +40,13 @@ from trio_websocket import (
 )
 from wsproto.utilities import LocalProtocolError
 
-from trexo.config import TransportConfig
+from trexo.config import PEER_REFUSALS_LOG_INTERVAL_S, TransportConfig
 from trexo.errors import DialFailed, LinkError, PeerRefused
 from trexo.net import handshake as hs
+from trexo.net.admission import HandshakeAdmission
+from trexo.net.dial_queue import DialQueue
 from trexo.net.duplicates import LinkKey, keep_new
-from trexo.net.gossip import PeerInfo, PeerList, peer_lists, should_dial
+from trexo.net.gossip import PeerInfo, PeerList, implausible_address, peer_lists, should_dial
 from trexo.net.handshake_io import Agreement, accept_handshake, dial_handshake
 from trexo.net.link import CLOSE_REFUSED, CLOSE_SUPERSEDED, MAX_CLOSE_REASON, Link
 from trexo.net.router import Router
@@ -68,6 +77,10 @@ class TransportStatistics:
     refused dial still closing. One per link once those have closed."""
     accepted: int
     """Connections accepted on the peer port since it opened (peers or not)."""
+    refused: int = 0
+    """Of those, connections closed at once: as many were handshaking as the caps allow."""
+    dial_queue: int = 0
+    """Nodes heard of (gossip, beacons) waiting for their dial."""
 
 
 class Transport:
@@ -80,8 +93,20 @@ class Transport:
         self._connections = 0
         self._accepted = 0
         self._dialing: set[NodeId] = set()
+        """Nodes heard of that are queued for a dial or being dialled."""
         self._links_changed = trio.Event()
         self._gossip_due = trio.Event()
+        self._admission = HandshakeAdmission(
+            max_total=config.max_handshakes, max_per_host=config.max_handshakes_per_host
+        )
+        self._refusals_logged = (-math.inf, 0)  # when, and the refusal count then
+        self._dials = DialQueue(
+            capacity=config.gossip_dial_targets,
+            rate=config.dial_rate,
+            burst=config.dial_burst,
+            now=0.0,
+        )
+        self._dial_queued = trio.Event()
 
     @property
     def node_id(self) -> NodeId:
@@ -101,7 +126,11 @@ class Transport:
 
     def statistics(self) -> TransportStatistics:
         return TransportStatistics(
-            links=len(self._links), connections=self._connections, accepted=self._accepted
+            links=len(self._links),
+            connections=self._connections,
+            accepted=self._accepted,
+            refused=self._admission.refused,
+            dial_queue=len(self._dials),
         )
 
     # --- service -----------------------------------------------------------------------------
@@ -117,6 +146,7 @@ class Transport:
             )
             await nursery.start(serve)
             nursery.start_soon(self._gossip_loop)
+            nursery.start_soon(self._dial_loop, nursery)
             self._nursery = nursery
             log.info("node %s: peer port %s:%d", self.node_id, cfg.host, self._port)
             try:
@@ -138,13 +168,20 @@ class Transport:
 
     def dial_discovered(self, host: str, port: int, node_id: NodeId) -> bool:
         """Dial, in the background, a node heard of through gossip or a beacon, if this node
-        should (`gossip.should_dial`: not linked, not being dialled, our id the smaller).
-        Failures are logged. Returns whether a dial started."""
-        nursery = self._nursery
-        if nursery is None or not should_dial(self.node_id, node_id, self._links, self._dialing):
+        should (`gossip.should_dial`: not linked, not being dialled, our id the smaller) and
+        the address is plausible: it waits its turn in the dial queue (bounded in length and
+        rate). Failures are logged. Returns whether the dial is queued."""
+        if self._nursery is None or not should_dial(
+            self.node_id, node_id, self._links, self._dialing
+        ):
+            return False
+        if (why := implausible_address(host, port)) is not None:
+            log.info("ignored a gossiped address of node %s: %s", bounded(node_id), why)
+            return False
+        if not self._dials.offer(PeerInfo(node_id, host, port)):
             return False
         self._dialing.add(node_id)
-        nursery.start_soon(self._dial_in_background, nursery, host, port, node_id)
+        self._dial_queued.set()
         return True
 
     def _require_nursery(self) -> trio.Nursery:
@@ -153,6 +190,23 @@ class Transport:
         return self._nursery
 
     # --- dialling ---------------------------------------------------------------------------
+
+    async def _dial_loop(self, nursery: trio.Nursery) -> None:
+        """Start the queued dials, as fast as the dial queue's rate allows."""
+        while True:
+            while not self._dials:
+                await self._dial_queued.wait()
+                self._dial_queued = trio.Event()
+            await trio.sleep(self._dials.wait(trio.current_time()))
+            target = self._dials.pop(trio.current_time())
+            if target is None:
+                continue
+            if target.node_id in self._links:
+                self._dialing.discard(target.node_id)  # it dialled us meanwhile
+                continue
+            nursery.start_soon(
+                self._dial_in_background, nursery, target.host, target.port, target.node_id
+            )
 
     async def _dial_in_background(
         self, nursery: trio.Nursery, host: str, port: int, node_id: NodeId
@@ -225,9 +279,10 @@ class Transport:
                     f"{host}:{port}",
                     RESOURCE,
                     message_queue_size=cfg.message_queue,
-                    max_message_size=cfg.hard_message_bytes,
+                    max_message_size=cfg.handshake_message_bytes,
                 )
-                agreed = await dial_handshake(ws, self._identity(), self._peer_infos())
+                agreed = await dial_handshake(ws, self._identity(), self._hello_peers())
+                _take_link_messages(ws, cfg)
                 return ws, agreed
         except BaseException as exc:
             reason = str(exc) if isinstance(exc, LinkError) else "handshake failed"
@@ -241,22 +296,54 @@ class Transport:
 
     async def _on_connection(self, stream: trio.SocketStream) -> None:
         """One task per incoming TCP connection (in our nursery); never raises but Cancelled."""
-        address = _address(stream)
+        host, address = _address(stream)
         self._accepted += 1
+        slot = self._admission.admit(host)
+        if slot is None:
+            # Nothing read, nothing computed: the surplus of a flood costs an accept.
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+            self._log_refusals(host)
+            return
         self._connections += 1
         try:
             async with trio.open_nursery() as connection:
-                await self._accept(connection, stream, address)
+                await self._accept(connection, stream, address, slot.release)
                 connection.cancel_scope.cancel()
         except* READER_BREAKS:
             # trio-websocket's reader saw the connection break (garbage, then a reset).
             log.debug("connection from %s broke", address)
         finally:
+            slot.release()  # if the handshake did not get to it
             with trio.CancelScope(shield=True):
                 await stream.aclose()
             self._connections -= 1
 
-    async def _accept(self, nursery: trio.Nursery, stream: trio.SocketStream, address: str) -> None:
+    def _log_refusals(self, host: str) -> None:
+        """One line per `PEER_REFUSALS_LOG_INTERVAL_S` during a flood, not one per connection."""
+        now = trio.current_time()
+        logged_at, count = self._refusals_logged
+        if now - logged_at < PEER_REFUSALS_LOG_INTERVAL_S:
+            return
+        admission = self._admission
+        log.warning(
+            "refusing peer connections (the last from %s): %d handshaking, at most %d in all "
+            "and %d per address; %d refused since the last such line",
+            host,
+            admission.pending,
+            admission.max_total,
+            admission.max_per_host,
+            admission.refused - count,
+        )
+        self._refusals_logged = (now, admission.refused)
+
+    async def _accept(
+        self,
+        nursery: trio.Nursery,
+        stream: trio.SocketStream,
+        address: str,
+        handshake_ended: Callable[[], None],
+    ) -> None:
         cfg = self.config
         ws: WebSocketConnection | None = None
         try:
@@ -267,7 +354,7 @@ class Transport:
                     nursery,
                     stream,
                     message_queue_size=cfg.message_queue,
-                    max_message_size=cfg.hard_message_bytes,
+                    max_message_size=cfg.handshake_message_bytes,
                 )
                 if request.path != RESOURCE:
                     # Not a peer (a scanner, a browser, another service's client): no
@@ -281,7 +368,8 @@ class Transport:
                     await request.reject(WRONG_PATH_STATUS, body=WRONG_PATH_BODY)
                     return
                 ws = await request.accept()
-                agreed = await accept_handshake(ws, self._identity(), self._peer_infos())
+                agreed = await accept_handshake(ws, self._identity(), self._hello_peers())
+                _take_link_messages(ws, cfg)
         except trio.TooSlowError:
             timeout = cfg.handshake_timeout
             log.info("closed connection from %s: no handshake within %gs", address, timeout)
@@ -294,6 +382,8 @@ class Transport:
         except ConnectionClosed:
             log.debug("connection from %s closed before the handshake", address)
             return
+        finally:
+            handshake_ended()
         theirs = agreed.theirs
         info = PeerInfo(theirs.node_id, _host(ws.remote, address), theirs.port)
         link = self._link(ws, agreed.channel, info, LinkKey(theirs.node_id, theirs.nonce), address)
@@ -377,14 +467,25 @@ class Transport:
 
     # --- gossip ------------------------------------------------------------------------------
 
-    def _peer_infos(self) -> tuple[PeerInfo, ...]:
-        return tuple(link.info for link in self._links.values())
+    def _hello_peers(self) -> tuple[PeerInfo, ...]:
+        """The peers a hello lists: as many as a receiver takes from one list, so that a
+        hello always fits `handshake_message_bytes` (gossip tells the rest)."""
+        infos = [link.info for link in self._links.values()]
+        return tuple(infos[: self.config.gossip_dial_targets])
 
     def _on_peer_list(self, link: Link, peers: PeerList) -> None:
         self._heard_of(peers.peers)
 
     def _heard_of(self, peers: tuple[PeerInfo, ...]) -> None:
-        for peer in peers:
+        taken = self.config.gossip_dial_targets
+        if len(peers) > taken:
+            log.warning(
+                "ignored %d of %d gossiped peers: at most %d are taken from one list",
+                len(peers) - taken,
+                len(peers),
+                taken,
+            )
+        for peer in peers[:taken]:
             self.dial_discovered(peer.host, peer.port, peer.node_id)
 
     async def _gossip_loop(self) -> None:
@@ -449,12 +550,20 @@ async def _abandon(
             await stream.aclose()
 
 
-def _address(stream: trio.SocketStream) -> str:
+def _take_link_messages(ws: WebSocketConnection, config: TransportConfig) -> None:
+    """Raise the connection's message bound from the handshake's to a link's, now that the
+    peer has done its handshake. trio-websocket takes the bound when it wraps a stream and
+    has no setter for it, so this sets the attribute that its reader checks."""
+    ws._max_message_size = config.hard_message_bytes
+
+
+def _address(stream: trio.SocketStream) -> tuple[str, str]:
+    """The remote host of a connection, and its address for log lines."""
     try:
         host, port = stream.socket.getpeername()[:2]
     except OSError:
-        return "<disconnected>"
-    return f"{host}:{port}"
+        return "<disconnected>", "<disconnected>"
+    return str(host), f"{host}:{port}"
 
 
 def _host(endpoint: Endpoint | str, fallback: str) -> str:

@@ -69,6 +69,8 @@ DRAIN_BEFORE_JOIN_TIMEOUT_S = 1.0
 """How long a rank waits for its "loading" status to reach the parent before it joins."""
 SEED_BITS = 31
 """Rank 0 gives an unseeded request a seed: every rank must sample the same tokens."""
+STEP_FAILED = "the runner's generation step failed (its log says why); retry"
+"""What every request in a failed step hears: the cause may be another request's."""
 
 
 def _nothing() -> None:
@@ -271,6 +273,12 @@ class ComputeThread:
             self._post(RequestFailed(rid, str(exc), FailureKind.INVALID_REQUEST))
             self._forget(rid)
             return False
+        except Exception as exc:
+            # Nothing of it reached a step: it fails alone, and the others go on.
+            log.exception("generation %s could not start", rid)
+            self._post(RequestFailed(rid, f"could not start: {type(exc).__name__}: {exc}"))
+            self._forget(rid)
+            return False
         self._status(RunnerRunning(len(self._batch)))
         return True
 
@@ -295,11 +303,12 @@ class ComputeThread:
         assert self._batch is not None
         try:
             chunks = self._batch.step()
-        except Exception as exc:
+        except Exception:
             # Whatever broke, the batch's state is unknown: fail what ran in it, start anew.
+            # Which request broke it is unknown too, so none hears another's error text.
             log.exception("a generation step failed")
             for rid in self.active_requests():
-                self._post(RequestFailed(rid, f"{type(exc).__name__}: {exc}"))
+                self._post(RequestFailed(rid, STEP_FAILED))
                 self._forget(rid)
             self._batch = self._new_batch()
             self._status(RunnerReady())

@@ -30,6 +30,8 @@ from trexo.runner.exit_codes import (
     EXIT_PROTOCOL_ERROR,
 )
 from trexo.runner.hooks import TestHooks
+from trexo.runner.schema_gate import SchemaGate
+from trexo.schema_guard import SchemaGuard
 from trexo.types.ipc import (
     Cancel,
     FromRunner,
@@ -62,8 +64,11 @@ async def serve_runner(
     hooks: TestHooks = TestHooks(),
     max_frame_bytes: int = MAX_FRAME_BYTES,
     compute_join_timeout: float = COMPUTE_JOIN_TIMEOUT_S,
+    schema_guard: SchemaGuard | None = None,
 ) -> int:
-    """Serve the parent on `sock` until Shutdown, EOF or a protocol error; the exit code."""
+    """Serve the parent on `sock` until Shutdown, EOF or a protocol error; the exit code.
+
+    `schema_guard` checks requests' JSON schemas before they reach the compute thread."""
     stream = FramedStream(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), max_frame_bytes)
     outbox_send, outbox_receive = trio.open_memory_channel[_Outgoing](math.inf)
     token = trio.lowlevel.current_trio_token()
@@ -101,7 +106,8 @@ async def serve_runner(
         try:
             with trio.CancelScope() as serving:
                 nursery.start_soon(_cancel_when_set, compute_ended, serving)
-                await _read_loop(stream, compute, hooks)
+                gate = SchemaGate(schema_guard or SchemaGuard(), compute, post, nursery)
+                await _read_loop(stream, compute, gate, hooks)
         except WireError as exc:
             log.error("protocol error from parent: %s; exiting", exc)
             exit_code = EXIT_PROTOCOL_ERROR
@@ -158,7 +164,9 @@ def _exit_hard(code: int) -> None:
     os._exit(code)
 
 
-async def _read_loop(stream: FramedStream, compute: ComputeThread, hooks: TestHooks) -> None:
+async def _read_loop(
+    stream: FramedStream, compute: ComputeThread, gate: SchemaGate, hooks: TestHooks
+) -> None:
     while True:
         try:
             msg: ToRunner = await stream.receive_message(ToRunner)
@@ -172,9 +180,9 @@ async def _read_loop(stream: FramedStream, compute: ComputeThread, hooks: TestHo
             case LoadModel():
                 compute.submit_load(msg)
             case Generate(request=request):
-                compute.submit_generate(request)
+                gate.submit(request)
             case Cancel(request_id=request_id):
-                compute.cancel(request_id)
+                gate.cancel(request_id)
             case Shutdown():
                 if hooks.ignore_shutdown:
                     log.warning("test hook: ignoring Shutdown")

@@ -9,7 +9,7 @@ from trexo.types.downloads import DownloadProgress
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.runner_status import RunnerStatus
 from trexo.types.session import Session
-from trexo.types.state import Instance, NodeInfo, Task, TaskStatus
+from trexo.types.state import CommandDone, Instance, NodeInfo, Task, TaskStatus
 
 
 @attrs.frozen
@@ -25,11 +25,16 @@ class NodeRemoved:
 @attrs.frozen
 class InstanceCreated:
     instance: Instance
+    done: CommandDone | None = None
+    """The command that placed it (None when the master placed it again on its own): in
+    the same event, so no failover falls between the placement and its record."""
 
 
 @attrs.frozen
 class InstanceDeleted:
     instance_id: InstanceId
+    done: CommandDone | None = None
+    """The command that deleted it (None when the master deleted it on its own)."""
 
 
 @attrs.frozen
@@ -83,6 +88,10 @@ class DownloadUpdated:
     progress: DownloadProgress
 
 
+# `CommandDone` (from `trexo.types.state`) is an event too: a new session's master writes the
+# records it carried over with it.
+
+
 @attrs.frozen
 class SessionOpened:
     """The master has written the state it carried over: from here on the log is this
@@ -102,6 +111,7 @@ Event = (
     | GroupReset
     | DownloadUpdated
     | SessionOpened
+    | CommandDone
 )
 
 

@@ -21,6 +21,8 @@ class FetchJob:
     progress_interval: float
     disk_margin: int
     request_timeout: float
+    max_json_bytes: int
+    """The largest listing or weight index read (see `HubConfig.max_json_bytes`)."""
 
 
 @attrs.frozen

@@ -16,4 +16,6 @@ class RefusalKind(enum.Enum):
     UNSHARDABLE = "unshardable"
     """The model cannot be split as asked (no known layout, too few layers, heads not
     divisible by the node count)."""
+    KEY_REUSED = "key_reused"
+    """The command's idempotency key was used before for a different request."""
     INVALID = "invalid"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -11,6 +12,22 @@ from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.models import ModelRef
 from trexo.types.runner_status import RunnerIdle, RunnerStatus
 from trexo.types.shard import RankGroup, ShardSpec
+
+HTTP_SCHEMES = ("http", "https")
+
+
+def _http_url(_: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    """An address pages follow (the dashboard links each node's): an http(s) URL only, so a
+    peer's report cannot make it a script (`javascript:`) or break the page."""
+    if value is None:
+        return
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        parts = None
+    printable = value.isprintable() and " " not in value
+    if parts is None or parts.scheme not in HTTP_SCHEMES or not parts.hostname or not printable:
+        raise ValueError(f"{attribute.name} must be an http(s) URL, got {value[:100]!r}")
 
 
 @attrs.frozen
@@ -21,7 +38,8 @@ class NodeInfo:
     """bytes"""
     memory_available: int
     """bytes, as the node's OS reports it"""
-    api_url: str | None = None
+    api_url: str | None = attrs.field(default=None, validator=_http_url)
+    """Where its API answers (`http(s)://host:port`); None until it listens."""
     peers: tuple[NodeId, ...] = ()
     """The nodes this node has a live link to (sorted), as it last reported them: the
     cluster's links, for a picture of it (the dashboard draws them)."""
@@ -88,6 +106,18 @@ class GroupState:
         return RankGroup(self.epoch, tuple(a for a in self.addresses if a is not None))
 
 
+@attrs.frozen
+class CommandDone:
+    """A state-changing command the master carried out: a resend of `command_id` (the
+    client's retry, or its resend to the next master) is answered `result_id` again instead
+    of being carried out twice. `fingerprint` is what the command asked for, so a key reused
+    for a different request is told apart."""
+
+    command_id: str
+    fingerprint: str
+    result_id: str | None
+
+
 TaskStatus = Literal["pending", "running"]
 
 
@@ -117,6 +147,10 @@ class State:
     downloads: dict[NodeId, dict[str, DownloadProgress]] = attrs.field(factory=dict)
     """Each node's model downloads by model id, as last reported (kept once done: the node
     has the files)."""
+    commands: dict[str, CommandDone] = attrs.field(factory=dict)
+    """The last placements and deletions carried out, by command id, oldest first (bounded:
+    `trexo.config.REMEMBERED_COMMANDS`). In the state, so a new master answers a command
+    the old one carried out from what it did."""
     last_index: int = -1
     """Index of the last event applied; -1 before any."""
     opened: bool = False

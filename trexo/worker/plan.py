@@ -75,8 +75,9 @@ class LocalWorld:
     """Tasks this session's state has listed; None: every task in flight counts as known."""
     groups: Mapping[RunnerId, GroupState] = attrs.field(factory=dict)
     """The rank group each local runner of a split instance was last told of."""
-    bodies: frozenset[RequestId] = frozenset()
-    """Tasks whose request (sent point-to-point by their origin) is held here."""
+    bodies: frozenset[tuple[RequestId, NodeId]] = frozenset()
+    """Requests held here (sent point-to-point), by task and the node that sent each: a task
+    runs only the one its origin sent."""
 
 
 def plan(state: State, local: LocalWorld) -> list[Action]:
@@ -103,7 +104,7 @@ def plan(state: State, local: LocalWorld) -> list[Action]:
         if owner is None or owner.lead.node_id != local.node_id:
             continue
         lead = owner.lead.runner_id
-        if lead in local.runners and task.task_id in local.bodies:
+        if lead in local.runners and (task.task_id, task.origin_node) in local.bodies:
             actions.append(ForwardTask(task, lead))
     # A task that left the state was cancelled; one it never listed may be adopted yet.
     known = local.inflight if local.known is None else local.inflight & local.known

@@ -22,7 +22,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from trexo import catalog
+from trexo import catalog, thread_pools
 from trexo.config import (
     FINISHED_TASKS_REMEMBERED,
     REQUEST_BODIES_MAX_BYTES,
@@ -190,7 +190,7 @@ class RunnerPool:
                     envelope.sender,
                 )
                 continue
-            if self.bodies.put(body.request, trio.current_time()):
+            if self.bodies.put(body.request, trio.current_time(), origin=envelope.sender):
                 self._signal()
 
     # --- what the worker reads -------------------------------------------------------------
@@ -343,7 +343,7 @@ class RunnerPool:
         model is built, a hub model's files for this shard downloaded."""
         model = entry.instance.model
         if model.hub_revision is None:
-            return await trio.to_thread.run_sync(catalog.model_dir, model, self._models_dir)
+            return await thread_pools.run_sync("files", catalog.model_dir, model, self._models_dir)
         if self._downloads is None:
             raise RunnerUnavailable(f"this node cannot download models ({model.model_id})")
         self._set_status(entry, RunnerDownloading())
@@ -453,7 +453,7 @@ class RunnerPool:
         """Run `task` on the local runner `runner_id`; stream its chunks to the task's origin.
         Its request must be held in `bodies` (it is taken from there)."""
         entry = self._runners[runner_id]
-        request = self.bodies.take(task.task_id)
+        request = self.bodies.take(task.task_id, origin=task.origin_node)
         if request is None:
             raise ValueError(f"task {task.task_id} is forwarded before its request came")
         if entry.supervisor is None or isinstance(entry.supervisor.status, TERMINAL_STATUSES):

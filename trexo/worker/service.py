@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 import psutil
 import trio
 
+from trexo import thread_pools
 from trexo.config import NODE_REPORT_INTERVAL_S, NODE_REREPORT_DELAY_S
 from trexo.hub.downloads import Downloads
 from trexo.net.router import PeerUnreachable, Router
@@ -110,7 +111,7 @@ class Worker:
             cancelling=pool.cancelling,
             known=frozenset(self._known),
             groups=pool.groups,
-            bodies=pool.bodies.held,
+            bodies=pool.bodies.held_from,
         )
 
     async def _wait_state_change(self) -> None:
@@ -198,8 +199,13 @@ class Worker:
         while True:
             peers = self._router.peers
             try:
-                info = await trio.to_thread.run_sync(
-                    read_node_info, self.node_id, self._api_url(), peers, abandon_on_cancel=True
+                info = await thread_pools.run_sync(
+                    "files",
+                    read_node_info,
+                    self.node_id,
+                    self._api_url(),
+                    peers,
+                    abandon_on_cancel=True,
                 )
             except OSError as exc:  # e.g. EMFILE: no descriptor left to read /proc/meminfo
                 log.warning(

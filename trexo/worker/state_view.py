@@ -1,11 +1,12 @@
 """A node's view of the cluster state: the session's indexed events, applied in order.
 
-`StateView` subscribes to `global_events`, keeps events of its own session only, drops
-duplicates, buffers early arrivals, and repairs gaps by asking the master for a replay
-(`RequestReplay` on `commands`, at most one outstanding, re-asked every `replay_retry`
-seconds while the gap persists). It asks for a replay from 0 as soon as it starts, so a late
-joiner catches up the same way a node that missed one event does; until it has applied
-anything it keeps asking, because a request sent before the master listened is lost. A
+`StateView` subscribes to `global_events`, keeps events of its own session (sent by its
+master) only, drops duplicates, buffers early arrivals, and repairs gaps by asking the
+master for a replay (`RequestReplay` on `commands`, at most one outstanding, re-asked every
+`replay_retry` seconds while the gap persists). It asks for a replay from 0 as soon as it
+starts, so a late joiner catches up the same way a node that missed one event does; until it
+has applied anything it keeps asking, because a request sent before the master listened is
+lost. A
 replay from before the master's last snapshot starts with that snapshot (`StateSnapshot`):
 the view takes its state as it is and goes on from the event after it, so catching up costs
 one snapshot and the events since, however long the session has run.
@@ -126,7 +127,7 @@ class StateViewStatistics:
     foreign_dropped: int
     """Events of another session."""
     payloads_dropped: int
-    """Messages on `global_events` that were not indexed events."""
+    """Messages on `global_events` that were not indexed events, or not from the master."""
 
 
 class StateView:
@@ -196,6 +197,17 @@ class StateView:
 
     def _receive(self, envelope: Envelope) -> None:
         item = envelope.payload
+        if envelope.sender != self.session.master_id:
+            # Only the session's master speaks for the log: a peer's forged event (or a
+            # snapshot far ahead, which would freeze this view) is no event of the session.
+            self._payloads_dropped += 1
+            log.warning(
+                "state view dropped a %s on global_events from %s: not the master %s",
+                type(item).__name__,
+                envelope.sender,
+                self.session.master_id,
+            )
+            return
         if not isinstance(item, IndexedEvent | StateSnapshot):
             self._payloads_dropped += 1
             log.warning(
