@@ -514,7 +514,14 @@ class ClusterClient:
             raise ModelUnavailable(availability.reason, availability.retry_after)
         with self._hub.expect_stream(request.request_id) as events:
             rid = request.request_id
-            reply = await self.command(SubmitTask(new_id(), model_id, self.node_id, rid))
+            try:
+                reply = await self.command(SubmitTask(new_id(), model_id, self.node_id, rid))
+            except NoSession:
+                # The master may still take it from its queue: a cancel sent behind it on
+                # the same link ends it there, rather than leave a task without a body.
+                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
+                    await self._cancel_quietly(rid)
+                raise
             if self._sessions.session is not None:
                 self._accepted_in[rid] = self._sessions.session
             stream = ChatStream(events, self._idle_timeout)

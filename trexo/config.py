@@ -106,14 +106,20 @@ PROMPT_CACHE_BYTES = 512 * 1024 * 1024
 # --- untrusted computation (chat templates, JSON schemas) and worker threads ----------------
 
 TEMPLATE_RENDER_TIMEOUT_S = 2.0
-"""How long a chat template may take to render one request. Stock templates take
-milliseconds for a long conversation; a template past this is that request's error (400),
-and it bounds how long a looping template holds a thread (in a runner: the streams beside it)."""
-SCHEMA_COMPILE_TIMEOUT_S = 2.0
-"""How long a `response_format` JSON schema may take to compile (in its own process).
-Ordinary schemas compile in milliseconds, large ones in tens; a schema built to explode
-(an `allOf` of regex patterns) takes seconds to minutes, and is that request's 400. A runner
-compiles an accepted schema again on its compute thread, so this also bounds that stall."""
+"""CPU seconds a chat template may take to render one request (its thread's CPU time, so
+load does not count). Stock templates take milliseconds for a long conversation; a template
+past this is that request's error (400), and it bounds how long a looping template holds a
+thread (in a runner: the streams beside it)."""
+SCHEMA_COMPILE_CPU_S = 2
+"""CPU seconds a `response_format` JSON schema may take to compile (in its own process,
+`RLIMIT_CPU`: whole seconds). Ordinary schemas compile in milliseconds, large ones in tens;
+a schema built to explode (an `allOf` of regex patterns) takes seconds to minutes, and is
+that request's 400. CPU time, not the clock: a busy machine slows a good schema's compile
+by the clock, never past this. A runner compiles an accepted schema again on its compute
+thread, so this also bounds that stall."""
+SCHEMA_COMPILE_WALL_LIMIT_S = 60.0
+"""A backstop by the clock for a compiling process that gets no CPU at all (stopped, or
+starved for a minute): past it the request is answered 503, retry."""
 SCHEMA_COMPILE_MEMORY_BYTES = 1024 * 1024 * 1024
 """Address space of the process compiling a schema (`RLIMIT_AS`): the interpreter and
 llguidance take ~30 MB; 22 hostile regex patterns asked for 7.7 GB."""
@@ -125,7 +131,7 @@ SCHEMA_COMPILE_PROCESSES = 2
 more wait their turn."""
 SCHEMA_COMPILE_QUEUE_TIMEOUT_S = 30.0
 """How long a schema waits for its turn to compile; past it the request is answered 503,
-retry (a flood of hostile schemas holds each turn for `SCHEMA_COMPILE_TIMEOUT_S` at most)."""
+retry (a flood of hostile schemas holds each turn for `SCHEMA_COMPILE_CPU_S` of CPU at most)."""
 SCHEMA_VERDICT_CACHE_SIZE = 256
 """Schemas whose verdict is remembered: a client sends the same schema with every request,
 and only the first pays for a process."""

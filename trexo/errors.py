@@ -146,8 +146,8 @@ class UnsafeHubData(NotAModel):
     neither a commit hash nor a branch name.)"""
 
 
-class NoDiskSpace(HubError):
-    """The files do not fit the free space on the disk they go to."""
+class NoDiskSpace(HubError, ClusterError):
+    """The files do not fit the free space on the disk they go to (HTTP 507)."""
 
 
 class CorruptDownload(HubError):

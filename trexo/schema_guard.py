@@ -5,12 +5,13 @@ A `response_format` schema under 1 KB can ask llguidance for minutes and gigabyt
 not bound that step, and a thread cannot be stopped (the compile runs in Rust and releases
 the GIL, so a thread would spare the event loop but still run for minutes and take the
 memory). So each new schema is compiled by a fresh interpreter (`trexo.engine.schema_child`)
-whose address space is capped (`RLIMIT_AS`) and which is killed when its time is up: the
-request gets a 400 saying why, and the node's memory and event loop are untouched.
+whose address space (`RLIMIT_AS`) and CPU time (`RLIMIT_CPU`) are capped: the kernel ends
+it past either, the request gets a 400 saying why, and the node's memory and event loop are
+untouched. CPU time, not the clock, so a busy machine never fails a good schema.
 
 Why a process per schema, not a pool of warm ones: a killed or aborted compiler is simply
 gone, nothing has to be replaced or health-checked, and every compile starts from a clean
-heap. It costs an interpreter start (~0.1 s quiet; the compile's clock starts only once the
+heap. It costs an interpreter start (~0.1 s quiet; the compile's CPU is counted only once the
 child says it is ready, so a busy machine's slow start is not held against the schema) and
 only for a schema not seen lately: verdicts are remembered by the schema's digest, and a
 client sends the same schema with every request. At most a few compile at once.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import signal
 import subprocess
 import sys
 from collections import OrderedDict
@@ -29,11 +31,12 @@ from typing import Final
 import trio
 
 from trexo.config import (
+    SCHEMA_COMPILE_CPU_S,
     SCHEMA_COMPILE_MEMORY_BYTES,
     SCHEMA_COMPILE_PROCESSES,
     SCHEMA_COMPILE_QUEUE_TIMEOUT_S,
     SCHEMA_COMPILE_START_TIMEOUT_S,
-    SCHEMA_COMPILE_TIMEOUT_S,
+    SCHEMA_COMPILE_WALL_LIMIT_S,
     SCHEMA_VERDICT_CACHE_SIZE,
 )
 from trexo.errors import Unavailable
@@ -55,7 +58,8 @@ class SchemaRefused(ValueError):
 
 
 class SchemaGuard:
-    """Checks schemas within `timeout` seconds and `memory_bytes` each, `processes` at once.
+    """Checks schemas within `cpu_seconds` of CPU and `memory_bytes` each, `processes` at
+    once; `wall_limit` is a backstop by the clock for a compiler that gets no CPU.
 
     `check` raises `SchemaRefused` for a schema that does not compile in time and memory,
     or not at all; `Unavailable` (retry) when no compiler could be had in time.
@@ -64,14 +68,18 @@ class SchemaGuard:
     def __init__(
         self,
         *,
-        timeout: float = SCHEMA_COMPILE_TIMEOUT_S,
+        cpu_seconds: int = SCHEMA_COMPILE_CPU_S,
+        wall_limit: float = SCHEMA_COMPILE_WALL_LIMIT_S,
         memory_bytes: int = SCHEMA_COMPILE_MEMORY_BYTES,
         start_timeout: float = SCHEMA_COMPILE_START_TIMEOUT_S,
         queue_timeout: float = SCHEMA_COMPILE_QUEUE_TIMEOUT_S,
         processes: int = SCHEMA_COMPILE_PROCESSES,
         cache_size: int = SCHEMA_VERDICT_CACHE_SIZE,
     ) -> None:
-        self.timeout = timeout
+        if cpu_seconds < 1:
+            raise ValueError(f"cpu_seconds is whole seconds, at least 1, not {cpu_seconds}")
+        self.cpu_seconds = cpu_seconds
+        self.wall_limit = wall_limit
         self.memory_bytes = memory_bytes
         self._start_timeout = start_timeout
         self._queue_timeout = queue_timeout
@@ -111,7 +119,13 @@ class SchemaGuard:
         return outcome
 
     async def _run_child(self, schema_json: str) -> str | Unavailable | None:
-        argv = [sys.executable, "-m", CHILD_MODULE, str(self.memory_bytes)]
+        argv = [
+            sys.executable,
+            "-m",
+            CHILD_MODULE,
+            str(self.memory_bytes),
+            str(self.cpu_seconds),
+        ]
         try:
             process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
@@ -142,7 +156,7 @@ class SchemaGuard:
                 ready[:200],
             )
             return Unavailable("this node cannot check JSON schemas right now; retry")
-        with trio.move_on_after(self.timeout):
+        with trio.move_on_after(self.wall_limit):
             try:
                 await process.stdin.send_all(schema_json.encode("utf-8", errors="replace"))
                 await process.stdin.aclose()
@@ -151,12 +165,16 @@ class SchemaGuard:
             verdict = await _read_until(process.stdout, VERDICT_MAX_BYTES)
             returncode = await process.wait()
             return self._judge(verdict, returncode)
-        return (
-            f"the JSON schema is too complex: it did not compile within {self.timeout:g} s "
-            "(regex patterns combined with allOf multiply the work)"
-        )
+        log.warning("a JSON schema compiler got no answer out within %g s", self.wall_limit)
+        return Unavailable("this node is too busy to check JSON schemas right now; retry")
 
     def _judge(self, verdict: bytes, returncode: int) -> str | None:
+        if returncode == -signal.SIGXCPU:
+            return (
+                "the JSON schema is too complex: it did not compile within "
+                f"{self.cpu_seconds} s of CPU time (regex patterns combined with allOf "
+                "multiply the work)"
+            )
         out_of_memory = (
             f"the JSON schema is too complex: compiling it needs more than "
             f"{self.memory_bytes // 2**20} MiB (regex patterns combined with allOf multiply it)"

@@ -7,7 +7,7 @@ import openai
 import pytest
 import trio
 
-from trexo.errors import IdempotencyKeyReused
+from trexo.errors import IdempotencyKeyReused, NoDiskSpace
 from trexo.types.state import State
 from trexo.wire import converter
 
@@ -178,3 +178,16 @@ async def test_a_key_reused_for_another_request_is_a_422(
         )
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "idempotency_key_reused"
+
+
+async def test_a_full_disk_is_a_507_that_says_so(http: httpx.AsyncClient, node: FakeNode) -> None:
+    node.place_error = NoDiskSpace("org/model needs 4.0 GiB, /cache has 1.0 GiB free")
+    with trio.fail_after(TEST_TIMEOUT_S):
+        response = await http.post("/instances", json={"model": DEMO.model_id})
+    assert response.status_code == 507
+    assert response.json()["error"] == {
+        "message": "org/model needs 4.0 GiB, /cache has 1.0 GiB free",
+        "type": "server_error",
+        "param": None,
+        "code": "insufficient_storage",
+    }

@@ -18,8 +18,7 @@ import attrs
 import httpx
 import psutil
 
-from tests.e2e.cluster import free_port
-from tests.e2e.harness import RUNNER_MODULE
+from tests.e2e.harness import RUNNER_MODULE, logged_peer_port
 from tests.e2e.shared_node import launch, stop_processes, wait_ready_url
 from tests.waiting import NotYet, wait_until_sync
 
@@ -73,14 +72,17 @@ def shared_cluster(
     whichever master they elected."""
     nodes: list[ClusterNode] = []
     try:
-        seed_port = free_port()
-        for i in range(size):
-            port = seed_port if i == 0 else free_port()
-            seed = ("--peer", f"127.0.0.1:{seed_port}") if i else ()
+        # Every node binds a peer port of the kernel's choosing (no other test can take it
+        # between a choice and the bind); the others are started once the seed's is known.
+        first = launch(root / "n0", *args, env=env)
+        nodes.append(ClusterNode("n0", root / "n0", first, ""))
+        nodes[0].url = wait_ready_url(first, nodes[0].data_dir)
+        seed_port = logged_peer_port((nodes[0].data_dir / "node.log").read_text(errors="replace"))
+        for i in range(1, size):
             data_dir = root / f"n{i}"
-            process = launch(data_dir, "--peer-port", str(port), *seed, *args, env=env)
+            process = launch(data_dir, "--peer", f"127.0.0.1:{seed_port}", *args, env=env)
             nodes.append(ClusterNode(f"n{i}", data_dir, process, ""))
-        for node in nodes:
+        for node in nodes[1:]:
             node.url = wait_ready_url(node.process, node.data_dir)
         wait_until_sync(
             lambda: _converged(nodes), timeout=WAIT_TIMEOUT_S, what="every node in one session"

@@ -4,7 +4,6 @@ multicast."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -26,14 +25,6 @@ LAB_API_PORT = 52415
 """A lab host has a network of its own: every node takes the default ports there."""
 
 
-def free_port() -> int:
-    """A port free right now on 127.0.0.1 (tests only: a tiny race is acceptable here)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def http_client(lab: Lab | None) -> httpx.AsyncClient:
     if lab is None:
         return httpx.AsyncClient(timeout=HTTP_TIMEOUT_S)
@@ -49,6 +40,7 @@ class ClusterNode:
     name: str
     data_dir: Path
     peer_port: int
+    """0 until its first start has bound one."""
     args: tuple[str, ...]
     env: dict[str, str]
     host: Host | None = None
@@ -93,11 +85,10 @@ class Cluster:
             self.nodes.append(node)
             await self.start(node)
             return node
-        port = free_port()
-        args = ["--peer-host", "127.0.0.1", "--peer-port", str(port), "--no-multicast", *extra]
+        args = ["--peer-host", "127.0.0.1", "--no-multicast", *extra]
         if peers and self.nodes:
             args += ["--peer", self.seed_address()]
-        node = ClusterNode(name, self.root / name, port, tuple(args), env or {})
+        node = ClusterNode(name, self.root / name, 0, tuple(args), env or {})
         self.nodes.append(node)
         await self.start(node)
         return node
@@ -114,9 +105,21 @@ class Cluster:
         if self.lab is not None and node.host is not None:
             wrapper = self.lab.exec_prefix(node.host)
             isolation = ("--api-host", node.host.address, "--api-port", str(LAB_API_PORT))
+        # Port 0 the first time (the kernel's choice: no other test can take it between a
+        # choice and the bind); a restart takes the same port again, which others know.
+        port = ("--peer-port", str(node.peer_port)) if self.lab is None else ()
         node.process = await node.stack.enter_async_context(
-            run_trexo(node.data_dir, *node.args, env=node.env, wrapper=wrapper, isolation=isolation)
+            run_trexo(
+                node.data_dir,
+                *port,
+                *node.args,
+                env=node.env,
+                wrapper=wrapper,
+                isolation=isolation,
+            )
         )
+        if self.lab is None:
+            node.peer_port = node.process.peer_port()
 
     async def stop(self, node: ClusterNode) -> None:
         if node.stack is not None:

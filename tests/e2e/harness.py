@@ -67,6 +67,12 @@ class TrexoProcess:
     def log_text(self) -> str:
         return (self.data_dir / "node.log").read_text(errors="replace")
 
+    def peer_port(self) -> int:
+        """The peer port this process listens on (it logs it before its ready line)."""
+        port = logged_peer_port(self.log_text())
+        assert port is not None, f"no peer port in the log of trexo in {self.data_dir}"
+        return port
+
     def runner_logs(self) -> str:
         logs = sorted((self.data_dir / "logs" / "runners").glob("*.log"))
         return "".join(p.read_text(errors="replace") for p in logs)
@@ -130,6 +136,16 @@ def ready_url(node: TrexoProcess, stdout_path: Path) -> str | NotYet:
         if line.startswith("trexo is ready") and (match := URL.search(line)):
             return match.group(0)
     return NotYet(last_line(node.log_text()))
+
+
+PEER_PORT_LINE = re.compile(r"peer port \S+:(\d+)$", re.MULTILINE)
+
+
+def logged_peer_port(log: str) -> int | None:
+    """The peer port in the last start's log line, if any (a node given port 0 binds one of
+    the kernel's choosing: no other test can take it between choosing and binding)."""
+    found = PEER_PORT_LINE.findall(log)
+    return int(found[-1]) if found else None
 
 
 def last_line(text: str) -> str:

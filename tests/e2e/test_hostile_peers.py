@@ -31,7 +31,7 @@ from trexo.net.secure_channel import EphemeralKey
 from trexo.net.transport import RESOURCE
 from trexo.types.ids import NodeId
 
-from .cluster import free_port, open_cluster
+from .cluster import open_cluster
 from .harness import TrexoProcess, run_trexo
 
 STEP_TIMEOUT_S = 15.0
@@ -57,9 +57,8 @@ never 4002 or 4003, which a heartbeat or handshake timeout would send."""
 
 @asynccontextmanager
 async def node_with_peer_port(tmp_path: Path) -> AsyncIterator[tuple[TrexoProcess, int]]:
-    port = free_port()
-    async with run_trexo(tmp_path / "node", "--no-model", "--peer-port", str(port)) as node:
-        yield node, port
+    async with run_trexo(tmp_path / "node", "--no-model") as node:
+        yield node, node.peer_port()
 
 
 async def assert_healthy(node: TrexoProcess) -> None:

@@ -215,7 +215,7 @@ def test_a_template_that_loops_ends_as_a_prompt_error_within_its_budget(engine: 
     tokenizer = with_template(engine.tokenizer, LOOPS)
     tracer = sys.gettrace()
     started = time.monotonic()
-    with pytest.raises(PromptError, match=r"took longer than 0\.2 s"):
+    with pytest.raises(PromptError, match=r"took more than 0\.2 s of CPU time"):
         encode_prompt(tokenizer, chat("hi"), render_timeout=0.2)
     # Bounds a hang, not speed: without the budget this takes hours.
     assert time.monotonic() - started < 30

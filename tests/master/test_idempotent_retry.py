@@ -23,9 +23,12 @@ from trexo.net.router import Router
 from trexo.net.stream_hub import StreamHub
 from trexo.net.topics import Topic
 from trexo.thread_pools import limiter
-from trexo.types.ids import InstanceId, NodeId
-from trexo.types.local_events import NodeReport
+from trexo.types.events import TaskCreated, TaskFinished
+from trexo.types.generation import ChatMessage, GenerationRequest
+from trexo.types.ids import InstanceId, NodeId, RequestId
+from trexo.types.local_events import NodeReport, RunnerReport
 from trexo.types.models import ModelRef
+from trexo.types.runner_status import RunnerReady
 from trexo.types.session import Session
 from trexo.types.state import NodeInfo
 from trexo.worker.state_view import StateView
@@ -40,6 +43,7 @@ SMALL = ModelRef("trexo-demo-small", "demo:small", 80 * MiB)
 
 @attrs.define
 class Node:
+    router: Router
     master: Master
     client: ClusterClient
 
@@ -67,7 +71,7 @@ async def one_node(tmp_path: Path) -> AsyncIterator[Node]:
             sessions.set_session(SESSION, view)
             await router.send(ME, Topic.LOCAL_EVENTS, NodeReport(NodeInfo(ME, "h", 2**32, 2**31)))
             await view.wait_until(lambda s: s.opened and bool(s.nodes))
-            yield Node(master, client)
+            yield Node(router, master, client)
             nursery.cancel_scope.cancel()
 
 
@@ -128,3 +132,34 @@ async def test_a_key_reused_for_another_placement_is_refused(tmp_path: Path) -> 
         with pytest.raises(IdempotencyKeyReused):
             await node.client.place_model(other, idempotency_key="k1")
         assert len(node.master.state.instances) == 1
+
+
+async def test_a_chat_answered_503_is_cancelled_behind_it_not_left_pending(
+    tmp_path: Path,
+) -> None:
+    async with one_node(tmp_path) as node:
+        placed = await node.client.place_model(SMALL)
+        runner = node.master.state.instances[placed].lead.runner_id
+        await node.router.send(ME, Topic.LOCAL_EVENTS, RunnerReport(runner, placed, RunnerReady()))
+        await wait_until(
+            lambda: node.master.state.runners[runner].status == RunnerReady(),
+            timeout=BOUND_S,
+            what="the runner ready",
+        )
+        request = GenerationRequest(RequestId("chat-1"), messages=(ChatMessage("user", "hi"),))
+        with node.router.subscribe(Topic.GLOBAL_EVENTS) as events:
+            async with slow_disk():
+                with pytest.raises(NoSession):
+                    async with node.client.open_generation(SMALL.model_id, request):
+                        raise AssertionError("the master answered")
+            # The master takes the chat from its queue after all, then the cancel behind it.
+            seen: list[object] = []
+            with trio.fail_after(BOUND_S):
+                async for envelope in events:
+                    event = getattr(envelope.payload, "event", None)
+                    seen.append(event)
+                    if isinstance(event, TaskFinished):
+                        break
+        assert TaskCreated in {type(e) for e in seen}
+        assert seen[-1] == TaskFinished(RequestId("chat-1"), "cancelled")
+        assert not node.master.state.tasks

@@ -19,6 +19,7 @@ from trexo.errors import (
     InstanceNotFound,
     ModelNotFound,
     NodeNotFound,
+    NoDiskSpace,
     NoSession,
     PlacementRefused,
     RepoAccessDenied,
@@ -97,6 +98,8 @@ def cluster_error_to_api(exc: ClusterError) -> ApiError:
             )
         case ModelNotFound():
             return ApiError(404, message, code="model_not_found")
+        case NoDiskSpace():
+            return ApiError(507, message, type=SERVER_ERROR, code="insufficient_storage")
         case RepoAccessDenied():
             return ApiError(403, message, code="model_access_denied")
         case InstanceNotFound():

@@ -1,16 +1,18 @@
 """The process that compiles one JSON schema for `trexo.schema_guard`: `python -m` this.
 
-Protocol: argv[1] is the address space allowed (bytes). Once llguidance is imported and the
-limit set, it writes `ready` and a newline to stdout; it then reads the schema (JSON text,
-UTF-8) from stdin to EOF, compiles it, writes one JSON line, `{"error": null}` or
-`{"error": "why"}`, and exits 0. Past the memory limit either Python raises `MemoryError`
-(reported as `{"memory": true}`) or llguidance's allocator aborts the process: either way the
-guard knows it ran out of memory. It has no clock of its own: the guard kills it in time.
+Protocol: argv[1] is the address space allowed (bytes), argv[2] the CPU seconds. Once
+llguidance is imported and the limits set, it writes `ready` and a newline to stdout; it
+then reads the schema (JSON text, UTF-8) from stdin to EOF, compiles it, writes one JSON
+line, `{"error": null}` or `{"error": "why"}`, and exits 0. Past the memory limit either
+Python raises `MemoryError` (reported as `{"memory": true}`) or llguidance's allocator
+aborts the process: either way the guard knows it ran out of memory. Past its CPU seconds
+the kernel ends it (`SIGXCPU`); the guard's clock is only a backstop.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 from typing import Final
@@ -37,9 +39,17 @@ def limit_memory(limit: int) -> bool:
     return False
 
 
+def limit_cpu(seconds: int) -> None:
+    """End this process (`SIGXCPU`) once it has used `seconds` of CPU time. Set after the
+    imports: only the compile is counted."""
+    used = math.ceil(resource.getrusage(resource.RUSAGE_SELF).ru_utime)
+    resource.setrlimit(resource.RLIMIT_CPU, (used + seconds, used + seconds + 1))
+
+
 def main(argv: list[str]) -> int:
     if not limit_memory(int(argv[1])):
         print("schema compiler: this system cannot cap its memory", file=sys.stderr)
+    limit_cpu(int(argv[2]))
     sys.stdout.buffer.write(READY)
     sys.stdout.buffer.flush()
     schema = sys.stdin.buffer.read().decode("utf-8", errors="replace")

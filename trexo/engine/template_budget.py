@@ -5,8 +5,12 @@ sandbox (which transformers renders in) keeps it from reaching outside, and caps
 `range`, but nested loops still run for hours, and a thread cannot be killed. Jinja compiles
 a template to Python functions whose code is named `<template>`; while the budget runs, a
 trace function on this thread watches only those frames (every other frame runs untraced)
-and raises `TemplateTimeout` inside the template once the deadline has passed. The render
+and raises `TemplateTimeout` inside the template once it has used its budget. The render
 then fails like any template error, and its thread is free again.
+
+The budget is the thread's own CPU time, not the wall clock: on a busy machine (other
+processes, the GIL held by a runner's compute thread) an ordinary template takes longer by
+the clock but not in CPU, so load never turns a good template into an error.
 
 What it cannot stop is one long call into C (a huge string repeat): that is bounded by
 memory, not time, and a template doing it fails on the first request that renders it.
@@ -32,13 +36,14 @@ class TemplateTimeout(Exception):
 @contextmanager
 def template_budget(seconds: float) -> Iterator[None]:
     """Within the block, a Jinja template rendered on this thread raises `TemplateTimeout`
-    once `seconds` have passed. Other tracing (a debugger, coverage) goes on meanwhile."""
-    deadline = time.monotonic() + seconds
+    once this thread has spent `seconds` of CPU time. Other tracing (a debugger, coverage)
+    goes on meanwhile."""
+    deadline = time.thread_time() + seconds
     previous: Any = sys.gettrace()  # a debugger's or coverage's, if any
 
     def in_template(frame: FrameType, event: str, arg: Any) -> Any:
-        if time.monotonic() > deadline:
-            raise TemplateTimeout(f"the chat template took longer than {seconds:g} s")
+        if time.thread_time() > deadline:
+            raise TemplateTimeout(f"the chat template took more than {seconds:g} s of CPU time")
         return in_template
 
     def on_call(frame: FrameType, event: str, arg: Any) -> Any:
