@@ -88,3 +88,21 @@ def test_a_runner_waiting_for_a_download_says_how_far_it_is() -> None:
     )
     state = apply_all(state, [DownloadUpdated(NODE, retrying)])
     assert "retrying in 4 s after: cannot reach the hub" in instance_availability(state, one).reason
+
+
+def test_a_runner_failed_for_good_says_so_and_is_not_worth_a_retry() -> None:
+    one, two = instance("one"), instance("two")
+    state = apply_all(State(), [InstanceCreated(one), InstanceCreated(two)])
+    broken = RunnerFailed("load failed: ValueError: shapes differ", permanent=True)
+    state = with_status(state, one, broken)
+    reason = instance_availability(state, one)
+    assert reason.for_good and "shapes differ" in reason.reason
+    assert "not retried" in reason.reason and "delete the instance" in reason.reason
+    # Another instance still loading: the model is worth a retry, and says when.
+    state = with_status(state, two, RunnerFailed("SIGKILL", restart_in=3.0))
+    mixed = model_availability(state, "m")
+    assert mixed is not None and not mixed.for_good and mixed.retry_after == 3.0
+    # Every instance failed for good: not worth one.
+    state = with_status(state, two, broken)
+    gone = model_availability(state, "m")
+    assert gone is not None and gone.for_good and "shapes differ" in gone.reason

@@ -32,6 +32,8 @@ class Availability:
     reason: str = ""
     """Why it is not serving (empty when it is)."""
     retry_after: float = API_RETRY_AFTER_S
+    for_good: bool = False
+    """It will not serve without the operator: a runner failed for good (a retry is futile)."""
 
 
 SERVING = Availability(True)
@@ -53,6 +55,13 @@ def instance_availability(state: State, instance: Instance) -> Availability:
                 return Availability(False, f"{runner} is {downloading(download)}")
             case RunnerLoading(progress=progress):
                 return Availability(False, f"{runner} is loading the model ({progress:.0%})")
+            case RunnerFailed(cause=cause, permanent=True):
+                return Availability(
+                    False,
+                    f"{runner} cannot load the model ({cause}); it is not retried: delete the "
+                    "instance and place the model differently",
+                    for_good=True,
+                )
             case RunnerFailed(cause=cause, restart_in=restart_in):
                 if restart_in is None:
                     return Availability(False, f"{runner} failed ({cause})")
@@ -95,9 +104,21 @@ def model_availability(state: State, model_id: str) -> Availability | None:
     found = [instance_availability(state, i) for i in instances]
     if any(a.serving for a in found):
         return SERVING
-    soonest = min(found, key=lambda a: a.retry_after)
+    if all(a.for_good for a in found):
+        reason = f"model {model_id} cannot serve: {found[0].reason}"
+        return Availability(False, reason, for_good=True)
+    soonest = min((a for a in found if not a.for_good), key=lambda a: a.retry_after)
     reason = f"model {model_id} cannot serve right now: {soonest.reason}"
     return Availability(False, reason, soonest.retry_after)
+
+
+def failed_for_good(state: State, instance: Instance) -> bool:
+    """Whether a runner of `instance` failed in a way no restart mends."""
+    return any(
+        isinstance(record.status, RunnerFailed) and record.status.permanent
+        for a in instance.assignments
+        if (record := state.runners.get(a.runner_id)) is not None
+    )
 
 
 def problems(state: State) -> list[str]:

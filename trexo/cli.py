@@ -682,7 +682,11 @@ async def run_node_until_signalled(config: NodeConfig) -> int:
     from trexo.node import Node
 
     keyed = bool(config.api.api_keys)
-    node = Node(config, on_model_ready=functools.partial(_print_ready, keyed=keyed))
+    node = Node(
+        config,
+        on_model_ready=functools.partial(_print_ready, keyed=keyed),
+        on_model_failed=_print_failed,
+    )
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             node_scope = trio.CancelScope()
@@ -748,6 +752,14 @@ def _print_ready(
 ) -> None:
     del instance_id
     print(ready_message(api_url, model.model_id, keyed=keyed), flush=True)
+
+
+def failed_message(api_url: str, model_id: str, reason: str) -> str:
+    return f"trexo is up: API on {api_url} but model {model_id} cannot be served: {reason}"
+
+
+def _print_failed(model: ModelRef, reason: str, api_url: str) -> None:
+    print(failed_message(api_url, model.model_id, reason), flush=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from trexo.errors import (
     HubUnreachable,
     IdempotencyKeyReused,
     InstanceNotFound,
+    ModelLoadFailed,
     ModelNotFound,
     ModelUnavailable,
     NodeNotFound,
@@ -510,6 +511,8 @@ class ClusterClient:
         # Placed but not serving (loading, restarting): say so now, with when to retry,
         # rather than queue the request behind a runner that is not there.
         availability = model_availability(self.current_state(), model_id)
+        if availability is not None and availability.for_good:
+            raise ModelLoadFailed(availability.reason)
         if availability is not None and not availability.serving:
             raise ModelUnavailable(availability.reason, availability.retry_after)
         with self._hub.expect_stream(request.request_id) as events:

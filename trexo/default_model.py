@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import trio
 
+from trexo.availability import failed_for_good, instance_availability
 from trexo.cluster_client import ClusterClient, SessionTracker
 from trexo.config import DEFAULT_MODEL_RETRY_S
 from trexo.errors import ClusterError
@@ -22,6 +23,7 @@ from trexo.types.session import Session
 log = logging.getLogger(__name__)
 
 ReadyCallback = Callable[[ModelRef, InstanceId], None]
+FailedCallback = Callable[[ModelRef, str], None]
 
 
 class DefaultModel:
@@ -31,11 +33,13 @@ class DefaultModel:
         sessions: SessionTracker,
         model: ModelRef,
         on_ready: ReadyCallback | None = None,
+        on_failed: FailedCallback | None = None,
     ) -> None:
         self._client = client
         self._sessions = sessions
         self._model = model
         self._on_ready = on_ready
+        self._on_failed = on_failed
         self._announced = False
 
     async def run(self) -> None:
@@ -64,11 +68,17 @@ class DefaultModel:
             await self._sessions.wait_change()
 
     async def _announce_when_ready(self, instance_id: InstanceId) -> None:
-        """Tell the user once the model answers; give up quietly if the session ends first."""
+        """Tell the user once the model answers, or that it failed to load for good; give up
+        quietly if the session ends first."""
         while self._sessions.session is not None:
             state = self._client.current_state()
             instance = state.instances.get(instance_id)
             if instance is None:
+                return
+            if failed_for_good(state, instance):
+                self._announced = True
+                if self._on_failed is not None:
+                    self._on_failed(self._model, instance_availability(state, instance).reason)
                 return
             record = state.runners.get(instance.lead.runner_id)
             if record is not None and isinstance(record.status, RunnerReady | RunnerRunning):

@@ -42,7 +42,12 @@ class RunnerDied(RunnerUnavailable):
 
 
 class LoadFailed(RunnerError):
-    """The runner could not load the model."""
+    """The runner could not load the model; `permanent` when loading again would fail the
+    same way (see `trexo.runner.load_failure`)."""
+
+    def __init__(self, message: str = "", *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class RequestRejected(RunnerError):
@@ -95,6 +100,10 @@ class CommandRefused(ClusterError):
 
 class IdempotencyKeyReused(ClusterError):
     """The command's idempotency key was used before for a different request."""
+
+
+class ModelLoadFailed(ClusterError):
+    """The model's every instance failed to load in a way no retry mends (HTTP 500)."""
 
 
 class GenerationFailed(ClusterError):

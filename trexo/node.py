@@ -38,6 +38,7 @@ from trexo.net.discovery import Discovery
 from trexo.net.router import Router
 from trexo.net.stream_hub import StreamHub
 from trexo.net.transport import Transport
+from trexo.peer_port_file import write_peer_port
 from trexo.prompt_counter import PromptCounter
 from trexo.state import after_restart
 from trexo.trace import trace, tracing
@@ -61,12 +62,21 @@ class NodeStarted:
 
 ReadyCallback = Callable[[ModelRef, InstanceId, str], None]
 """Told the model, its instance and the API URL once the default model answers."""
+FailedCallback = Callable[[ModelRef, str, str], None]
+"""Told the model, why, and the API URL if the default model failed to load for good."""
 
 
 class Node:
-    def __init__(self, config: NodeConfig, *, on_model_ready: ReadyCallback | None = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        on_model_ready: ReadyCallback | None = None,
+        on_model_failed: FailedCallback | None = None,
+    ) -> None:
         self.config = config
         self._on_model_ready = on_model_ready
+        self._on_model_failed = on_model_failed
         self.node_id = load_or_create_node_id(config.paths.data_dir)
         self.router = Router(self.node_id)
         self.sessions = SessionTracker()
@@ -113,6 +123,10 @@ class Node:
     def _model_ready(self, model: ModelRef, instance_id: InstanceId) -> None:
         if self._on_model_ready is not None and self.api_url is not None:
             self._on_model_ready(model, instance_id, self.api_url)
+
+    def _model_failed(self, model: ModelRef, reason: str) -> None:
+        if self._on_model_failed is not None and self.api_url is not None:
+            self._on_model_failed(model, reason, self.api_url)
 
     def _commands_seen(self) -> int:
         """The election's tie-break: how much of the cluster's history this node has seen."""
@@ -181,6 +195,8 @@ class Node:
             await nursery.start(self.hub.run)
             transport = Transport(self.router, self.config.transport)
             self.peer_port = await nursery.start(transport.run)
+            data_dir = self.config.paths.data_dir
+            await thread_pools.run_sync("files", write_peer_port, data_dir, self.peer_port)
             # Before the election: static peers dialled during its boot grace are adopted.
             await nursery.start(Discovery(transport, self.config.discovery).run)
             # Node-lifetime: downloads, runners and their streams outlive sessions.
@@ -206,7 +222,11 @@ class Node:
             await nursery.start(election.run)
             if self.config.default_model is not None:
                 default = DefaultModel(
-                    self.client, self.sessions, self.config.default_model, self._model_ready
+                    self.client,
+                    self.sessions,
+                    self.config.default_model,
+                    self._model_ready,
+                    self._model_failed,
                 )
                 nursery.start_soon(default.run)
             log.info("node %s serving the API on %s", self.node_id, self.api_url)

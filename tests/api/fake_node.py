@@ -84,6 +84,8 @@ class FakeNode:
         self.idempotency_keys: list[str | None] = []
         """Every `place_instance` call that named a known model, in order."""
         self.place_error: ClusterError | None = None
+        self.generation_error: ClusterError | None = None
+        """Raised on entering a generation (as the node raises what it knows up front)."""
         """Raised by `place_instance` (after recording the call) when set."""
         self._cluster_changed = trio.Event()
         self._session: Session | None = Session(1, NODE_ID)
@@ -229,6 +231,8 @@ class FakeNode:
         await trio.lowlevel.checkpoint()
         if self.no_session:
             raise NoSession()
+        if self.generation_error is not None:
+            raise self.generation_error
         self._model(model_id)
         request_id = request.request_id
         self.requests.append((model_id, request))

@@ -7,7 +7,7 @@ import openai
 import pytest
 import trio
 
-from trexo.errors import IdempotencyKeyReused, NoDiskSpace
+from trexo.errors import IdempotencyKeyReused, ModelLoadFailed, NoDiskSpace
 from trexo.types.state import State
 from trexo.wire import converter
 
@@ -191,3 +191,19 @@ async def test_a_full_disk_is_a_507_that_says_so(http: httpx.AsyncClient, node: 
         "param": None,
         "code": "insufficient_storage",
     }
+
+
+async def test_a_model_that_failed_to_load_for_good_is_a_500_with_the_cause(
+    http: httpx.AsyncClient, node: FakeNode
+) -> None:
+    # Not a 503 "retry shortly": no retry would make it load.
+    node.generation_error = ModelLoadFailed("model m cannot serve: … (ValueError: shapes differ)")
+    with trio.fail_after(TEST_TIMEOUT_S):
+        response = await http.post(
+            "/v1/chat/completions",
+            json={"model": DEMO.model_id, "messages": [{"role": "user", "content": "hi"}]},
+        )
+    assert response.status_code == 500
+    assert "retry-after" not in response.headers
+    error = response.json()["error"]
+    assert error["code"] == "model_load_failed" and "shapes differ" in error["message"]

@@ -18,9 +18,10 @@ import attrs
 import httpx
 import psutil
 
-from tests.e2e.harness import RUNNER_MODULE, logged_peer_port
+from tests.e2e.harness import RUNNER_MODULE
 from tests.e2e.shared_node import launch, stop_processes, wait_ready_url
 from tests.waiting import NotYet, wait_until_sync
+from trexo.peer_port_file import read_peer_port
 
 WAIT_TIMEOUT_S = 60.0
 """Generous: the machines that run tests are shared and slow by turns."""
@@ -77,7 +78,7 @@ def shared_cluster(
         first = launch(root / "n0", *args, env=env)
         nodes.append(ClusterNode("n0", root / "n0", first, ""))
         nodes[0].url = wait_ready_url(first, nodes[0].data_dir)
-        seed_port = logged_peer_port((nodes[0].data_dir / "node.log").read_text(errors="replace"))
+        seed_port = read_peer_port(nodes[0].data_dir)
         for i in range(1, size):
             data_dir = root / f"n{i}"
             process = launch(data_dir, "--peer", f"127.0.0.1:{seed_port}", *args, env=env)

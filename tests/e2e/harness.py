@@ -15,6 +15,7 @@ import psutil
 import trio
 
 from tests.waiting import NotYet, wait_until
+from trexo.peer_port_file import read_peer_port
 
 START_TIMEOUT_S = 120.0
 """Generous: building the demo model and loading it takes about a second here."""
@@ -68,9 +69,9 @@ class TrexoProcess:
         return (self.data_dir / "node.log").read_text(errors="replace")
 
     def peer_port(self) -> int:
-        """The peer port this process listens on (it logs it before its ready line)."""
-        port = logged_peer_port(self.log_text())
-        assert port is not None, f"no peer port in the log of trexo in {self.data_dir}"
+        """The peer port this start of the node bound (written before its ready line)."""
+        port = read_peer_port(self.data_dir)
+        assert port is not None, f"no peer port written by trexo in {self.data_dir}"
         return port
 
     def runner_logs(self) -> str:
@@ -127,25 +128,16 @@ async def run_trexo(
 
 
 def ready_url(node: TrexoProcess, stdout_path: Path) -> str | NotYet:
-    """The URL in the node's ready line; an error if it exited before printing one."""
+    """The URL in the node's ready line (or the line saying its model cannot be served); an
+    error if it exited before printing one."""
     if node.process.returncode is not None:
         raise RuntimeError(
             f"trexo exited with {node.process.returncode}: {node.log_text()[-2000:]}"
         )
     for line in stdout_path.read_text(errors="replace").splitlines():
-        if line.startswith("trexo is ready") and (match := URL.search(line)):
+        if line.startswith(("trexo is ready", "trexo is up")) and (match := URL.search(line)):
             return match.group(0)
     return NotYet(last_line(node.log_text()))
-
-
-PEER_PORT_LINE = re.compile(r"peer port \S+:(\d+)$", re.MULTILINE)
-
-
-def logged_peer_port(log: str) -> int | None:
-    """The peer port in the last start's log line, if any (a node given port 0 binds one of
-    the kernel's choosing: no other test can take it between choosing and binding)."""
-    found = PEER_PORT_LINE.findall(log)
-    return int(found[-1]) if found else None
 
 
 def last_line(text: str) -> str:

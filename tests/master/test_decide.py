@@ -23,10 +23,12 @@ from trexo.types.downloads import DownloadPhase, DownloadProgress
 from trexo.types.events import (
     DownloadUpdated,
     Event,
+    GroupReset,
     InstanceCreated,
     InstanceDeleted,
     NodeRemoved,
     NodeUpdated,
+    RankAddressed,
     RunnerStatusChanged,
     TaskCreated,
     TaskFinished,
@@ -43,6 +45,7 @@ from trexo.types.local_events import (
 from trexo.types.models import ModelRef
 from trexo.types.refusal import RefusalKind
 from trexo.types.runner_status import RunnerFailed, RunnerLoading, RunnerReady, RunnerRunning
+from trexo.types.shard import ShardSpec
 from trexo.types.state import CommandDone, Instance, NodeInfo, RunnerAssignment, State, Task
 
 MiB = 1024 * 1024
@@ -362,3 +365,28 @@ def test_a_key_used_for_another_request_is_refused() -> None:
         assert isinstance(refused, Refused), command
         assert refused.kind == RefusalKind.KEY_REUSED
     assert len(state.instances) == 1
+
+
+def test_a_rank_failed_for_good_does_not_reset_its_group() -> None:
+    split = Instance(
+        InstanceId("s"),
+        MODEL,
+        (
+            RunnerAssignment(RunnerId("r0"), A, ShardSpec(0, 2, rank=0, world_size=2)),
+            RunnerAssignment(RunnerId("r1"), A, ShardSpec(2, 4, rank=1, world_size=2)),
+        ),
+    )
+    state = apply_all(
+        State(),
+        [
+            NodeUpdated(NODE),
+            InstanceCreated(split),
+            RankAddressed(InstanceId("s"), 0, 0, "127.0.0.1:1"),
+            RankAddressed(InstanceId("s"), 0, 1, "127.0.0.1:2"),
+        ],
+    )
+    transient = RunnerReport(RunnerId("r1"), InstanceId("s"), RunnerFailed("exit code 5"))
+    assert any(isinstance(e, GroupReset) for e in decide_local_event(state, transient))
+    for_good = RunnerFailed("load failed: ValueError: no layout", permanent=True)
+    events = decide_local_event(state, RunnerReport(RunnerId("r1"), InstanceId("s"), for_good))
+    assert events == [RunnerStatusChanged(RunnerId("r1"), InstanceId("s"), A, for_good)]

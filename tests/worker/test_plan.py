@@ -10,6 +10,7 @@ from trexo.state import apply_all
 from trexo.types.events import InstanceCreated, RankAddressed
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.models import ModelRef
+from trexo.types.runner_status import RunnerFailed
 from trexo.types.shard import ShardSpec
 from trexo.types.state import Instance, RunnerAssignment, RunnerRecord, State, Task
 from trexo.worker.plan import (
@@ -204,3 +205,43 @@ def test_a_local_rank_is_told_of_its_group_whenever_it_changes() -> None:
     assert plan(state, told) == []
     state = apply_all(state, [RankAddressed(split.instance_id, 0, 0, "127.0.0.1:7000")])
     assert plan(state, told) == [UpdateGroup(RunnerId("r1"), state.groups[split.instance_id])]
+
+
+def test_an_instance_failed_for_good_is_not_started_and_its_other_ranks_stop() -> None:
+    split = Instance(
+        InstanceId("s"),
+        MODEL,
+        (
+            RunnerAssignment(RunnerId("rank0"), ME, ShardSpec(0, 2, rank=0, world_size=2)),
+            RunnerAssignment(RunnerId("rank1"), ME, ShardSpec(2, 4, rank=1, world_size=2)),
+        ),
+    )
+    state = state_with(split)
+    running = LocalWorld(ME, runners=frozenset({RunnerId("rank0"), RunnerId("rank1")}))
+    assert plan(state, running) == []
+    broken = RunnerFailed("load failed: ValueError: no layout", permanent=True)
+    state = attrs.evolve(
+        state,
+        runners={
+            **state.runners,
+            RunnerId("rank1"): RunnerRecord(RunnerId("rank1"), InstanceId("s"), ME, broken),
+        },
+    )
+    # rank1 is parked (its pool waits for the deletion); rank0 would only wait for it.
+    assert plan(state, running) == [StopRunner(RunnerId("rank0"))]
+    # Neither is started again, however the world stands.
+    assert plan(state, LocalWorld(ME)) == []
+    assert plan(state, LocalWorld(ME, runners=frozenset({RunnerId("rank1")}))) == []
+    # A failure that a restart may mend starts it again as before.
+    retried = attrs.evolve(broken, permanent=False, restart_in=1.0)
+    state = attrs.evolve(
+        state,
+        runners={
+            **state.runners,
+            RunnerId("rank1"): RunnerRecord(RunnerId("rank1"), InstanceId("s"), ME, retried),
+        },
+    )
+    assert plan(state, LocalWorld(ME)) == [
+        StartRunner(split, split.assignments[0]),
+        StartRunner(split, split.assignments[1]),
+    ]

@@ -17,6 +17,7 @@ from trexo.errors import (
     GenerationRejected,
     IdempotencyKeyReused,
     InstanceNotFound,
+    ModelLoadFailed,
     ModelNotFound,
     NodeNotFound,
     NoDiskSpace,
@@ -117,6 +118,8 @@ def cluster_error_to_api(exc: ClusterError) -> ApiError:
             return ApiError(422, message, param="Idempotency-Key", code="idempotency_key_reused")
         case GenerationRejected():
             return ApiError(400, message, code="invalid_request")
+        case ModelLoadFailed():
+            return ApiError(500, message, type=SERVER_ERROR, code="model_load_failed")
         case GenerationFailed():
             return ApiError(500, message, type=SERVER_ERROR, code="generation_failed")
         case _:

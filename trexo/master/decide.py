@@ -188,7 +188,9 @@ def decide_local_event(state: State, event: LocalEvent) -> list[Event]:
             changed: list[Event] = [
                 RunnerStatusChanged(runner_id, instance_id, record.node_id, status)
             ]
-            if isinstance(status, RunnerFailed) and (reset := group_reset(state, record)):
+            # A rank that failed for good is not restarted: a new epoch would wait for it.
+            retried = isinstance(status, RunnerFailed) and not status.permanent
+            if retried and (reset := group_reset(state, record)):
                 changed.append(reset)
             return changed
         case RankAddressReport(instance_id, runner_id, epoch, address):

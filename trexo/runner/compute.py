@@ -28,6 +28,7 @@ import attrs
 
 from trexo.runner.exit_codes import EXIT_GROUP_BROKEN, EXIT_RANK_FAILED
 from trexo.runner.hooks import TestHooks
+from trexo.runner.load_failure import is_permanent
 from trexo.runner.lockstep import GroupStep, StallWatch, StepUndecodable, decode_step, encode_step
 from trexo.types.chunks import Chunk, Usage
 from trexo.types.failure import FailureKind
@@ -79,6 +80,12 @@ def _nothing() -> None:
 
 def _drained(_timeout: float) -> bool:
     return True
+
+
+def load_failed(exc: Exception) -> RunnerFailed:
+    """The status of a runner whose load raised `exc`: permanent when loading again would
+    fail the same way (`trexo.runner.load_failure`)."""
+    return RunnerFailed(f"load failed: {type(exc).__name__}: {exc}", permanent=is_permanent(exc))
 
 
 class _GroupEnding(Exception):
@@ -232,7 +239,7 @@ class ComputeThread:
             engine.warmup()
         except Exception as exc:
             log.exception("loading %s failed", job.model_dir)
-            self._status(RunnerFailed(f"load failed: {type(exc).__name__}: {exc}"))
+            self._status(load_failed(exc))
             return
         self._use(engine, job)
         log.info("model %s loaded", job.model_dir)
@@ -370,7 +377,7 @@ class ComputeThread:
         except Exception as exc:
             log.exception("rank %d: loading %s failed", link.rank, job.model_dir)
             self._end_by_itself(EXIT_RANK_FAILED)  # a rank that cannot step must leave
-            self._status(RunnerFailed(f"load failed: {type(exc).__name__}: {exc}"))
+            self._status(load_failed(exc))
             return
         try:
             if link.is_lead:

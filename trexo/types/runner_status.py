@@ -45,6 +45,10 @@ class RunnerFailed:
     cause: str
     restart_in: float | None = None
     """Seconds until its worker starts it again (None: not known to be restarting)."""
+    permanent: bool = False
+    """It failed in a way no restart mends (the model's layout cannot be split so, a file
+    is missing, a shape does not match): it is not restarted, and its instance cannot serve
+    until it is deleted and placed again differently."""
 
 
 @attrs.frozen

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 
 import attrs
 
+from trexo.availability import failed_for_good
 from trexo.types.ids import NodeId, RequestId, RunnerId
+from trexo.types.runner_status import RunnerFailed
 from trexo.types.state import GroupState, Instance, RunnerAssignment, State, Task
 
 
@@ -88,9 +90,16 @@ def plan(state: State, local: LocalWorld) -> list[Action]:
     """
     actions: list[Action] = []
     for instance in sorted(state.instances.values(), key=lambda i: i.instance_id):
+        broken = failed_for_good(state, instance)
         for assignment in instance.assignments:
-            if assignment.node_id == local.node_id and assignment.runner_id not in local.runners:
-                actions.append(StartRunner(instance, assignment))
+            if assignment.node_id != local.node_id:
+                continue
+            if assignment.runner_id not in local.runners:
+                if not broken:
+                    actions.append(StartRunner(instance, assignment))
+            elif broken and not _failed_for_good(state, assignment.runner_id):
+                # A rank of it failed for good: the others would only wait for it.
+                actions.append(StopRunner(assignment.runner_id))
     for runner_id in sorted(local.runners - state.runners.keys()):
         actions.append(StopRunner(runner_id))
     for runner_id in sorted(local.runners & state.runners.keys()):
@@ -111,3 +120,10 @@ def plan(state: State, local: LocalWorld) -> list[Action]:
     for task_id in sorted(known - state.tasks.keys() - local.cancelling):
         actions.append(CancelTask(task_id))
     return actions
+
+
+def _failed_for_good(state: State, runner_id: RunnerId) -> bool:
+    record = state.runners.get(runner_id)
+    return (
+        record is not None and isinstance(record.status, RunnerFailed) and record.status.permanent
+    )

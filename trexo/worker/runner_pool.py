@@ -18,6 +18,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import NoReturn
 
 import attrs
 import trio
@@ -35,6 +36,7 @@ from trexo.config import (
 from trexo.errors import (
     ClusterError,
     HubError,
+    LoadFailed,
     RequestRejected,
     RunnerError,
     RunnerUnavailable,
@@ -81,6 +83,13 @@ def failure_kind(exc: Exception) -> FailureKind:
     if isinstance(exc, RunnerUnavailable):
         return FailureKind.UNAVAILABLE  # its restart is on the way: retry shortly
     return FailureKind.INTERNAL
+
+
+@attrs.frozen
+class _LoadError:
+    message: str
+    permanent: bool
+    """Loading again would fail the same way: the runner is not restarted."""
 
 
 @attrs.define
@@ -288,12 +297,23 @@ class RunnerPool:
                         load_error = await self._run_once(entry)
                     except _EpochMoved:
                         continue  # its peers restart too: no backoff, no failure
-                    await self._wait_to_restart(entry, load_error)
+                    if load_error is not None and load_error.permanent:
+                        await self._park(entry, load_error.message)
+                    cause = load_error.message if load_error is not None else None
+                    await self._wait_to_restart(entry, cause)
         finally:
             del self._runners[entry.runner_id]
             self._signal()
 
-    async def _run_once(self, entry: PoolRunner) -> str | None:
+    async def _park(self, entry: PoolRunner, cause: str) -> NoReturn:
+        """A load that failed for good: say so, and start nothing until the instance is
+        deleted (its scope is cancelled then). Another attempt would fail the same way."""
+        log.error("runner %s failed for good, not restarting: %s", entry.runner_id, cause)
+        entry.supervisor = None
+        self._set_status(entry, RunnerFailed(cause, permanent=True))
+        await trio.sleep_forever()
+
+    async def _run_once(self, entry: PoolRunner) -> _LoadError | None:
         """One runner process: spawn, load, serve until it exits; why it could not load.
 
         A rank of a split instance first reports its address and waits for its group's
@@ -330,7 +350,8 @@ class RunnerPool:
             # OSError: the model directory could not be read (no descriptor left, ...)
             except (RunnerError, ClusterError, HubError, OSError) as exc:
                 log.error("runner %s could not load %s: %s", entry.runner_id, model.model_id, exc)
-                load_error = f"could not load {model.model_id}: {exc}"
+                permanent = isinstance(exc, LoadFailed) and exc.permanent
+                load_error = _LoadError(f"could not load {model.model_id}: {exc}", permanent)
             if moved.is_set() or load_error is not None:
                 nursery.cancel_scope.cancel()
         # A rank stopped because its peers restart is no failure of its own.

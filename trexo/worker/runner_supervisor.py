@@ -410,7 +410,8 @@ class RunnerSupervisor:
             )
         if not isinstance(status, RunnerReady):
             cause = getattr(status, "cause", repr(status))
-            raise LoadFailed(f"runner {self.runner_id}: {cause}")
+            permanent = isinstance(status, RunnerFailed) and status.permanent
+            raise LoadFailed(f"runner {self.runner_id}: {cause}", permanent=permanent)
 
     async def _wait_joined(self, shard: ShardSpec, group: RankGroup) -> None:
         timeout = self.config.group_init_timeout
