@@ -79,6 +79,14 @@ def tools_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_demo_model(tmp_path_factory.mktemp("models"), TOOLS_DEMO_SIZE)
 
 
+@pytest.fixture(scope="session")
+def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The scripted demo model that reasons, then answers (`trexo.engine.thinking_model`)."""
+    from trexo.engine.demo_model import THINKING_DEMO_SIZE, ensure_demo_model
+
+    return ensure_demo_model(tmp_path_factory.mktemp("models"), THINKING_DEMO_SIZE)
+
+
 UNTIED_HEAD_SEED = 7
 
 

@@ -39,6 +39,7 @@ SLOW_PATHS = (
     "tests/hub/test_progress_view.py",
     "tests/engine/test_blas_setup.py",  # a fresh interpreter per check
     "tests/test_schema_guard.py",  # a JSON schema compiler process per schema
+    "tests/zoo/test_zoo_serving.py",  # a `trexo run` per zoo model
 )
 
 SHARED_SCOPES = ("module", "package", "session")

@@ -161,6 +161,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="seed of the random weights; the same seed gives identical files (default: 0)",
     )
+    demo.add_argument(
+        "--arch",
+        metavar="NAME",
+        help=(
+            "build the model zoo's NAME instead: a tiny random-weight model of that mlx-lm "
+            "architecture (qwen3, gemma3_text, deepseek_v3, ...); `--arch list` lists them"
+        ),
+    )
+    demo.add_argument(
+        "--quantized",
+        action="store_true",
+        help="with --arch: quantized to 4 bits by mlx-lm's own quantization",
+    )
     _add_common(demo)
     return parser
 
@@ -437,7 +450,33 @@ def _paths(args: argparse.Namespace) -> Paths:
 def demo_model_command(args: argparse.Namespace) -> int:
     from trexo.engine.demo_model import ensure_demo_model
 
+    if args.arch is not None:
+        return zoo_model_command(args)
+    if args.quantized:
+        print("trexo demo-model: --quantized goes with --arch", file=sys.stderr)
+        return 2
     print(ensure_demo_model(_paths(args).models_dir, args.size, args.seed))
+    return 0
+
+
+def zoo_model_command(args: argparse.Namespace) -> int:
+    from trexo.engine.zoo import ensure_zoo_model
+    from trexo.engine.zoo_archs import ZOO_ARCHS
+
+    if args.arch == "list":
+        width = max(map(len, ZOO_ARCHS))
+        for name, arch in ZOO_ARCHS.items():
+            print(f"{name:<{width}}  {arch.about}")
+        return 0
+    if args.arch not in ZOO_ARCHS:
+        print(
+            f"trexo demo-model: no architecture {args.arch!r} in the zoo "
+            "(`trexo demo-model --arch list` lists them)",
+            file=sys.stderr,
+        )
+        return 2
+    models_dir = _paths(args).models_dir
+    print(ensure_zoo_model(models_dir, args.arch, args.seed, quantized=args.quantized))
     return 0
 
 

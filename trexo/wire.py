@@ -75,7 +75,8 @@ def _class_tag(cl: type) -> str:
 
 
 # A chunk goes over the wire per token: what it leaves at its default (no tool calls, no
-# log probabilities, no stop sequence: nearly every chunk) is left out, not sent as nulls.
+# log probabilities, no stop sequence, no reasoning: nearly every chunk) is left out, not
+# sent as nulls.
 converter.register_unstructure_hook(
     chunks.Chunk,
     make_dict_unstructure_fn(chunks.Chunk, converter, _cattrs_omit_if_default=True),

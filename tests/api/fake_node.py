@@ -51,7 +51,8 @@ class Placement:
 
 @attrs.frozen
 class Step:
-    """After `delay` seconds, yield `text` (finishing with `finish`), or raise `error`."""
+    """After `delay` seconds, yield `text` and `reasoning` (finishing with `finish`), or
+    raise `error`."""
 
     delay: float = 0.0
     text: str = ""
@@ -59,6 +60,7 @@ class Step:
     usage: Usage | None = None
     tokens: int = 1
     error: Exception | None = None
+    reasoning: str = ""
 
 
 HELLO = (
@@ -270,6 +272,7 @@ class FakeNode:
                 token_ids=tuple(range(step.tokens)),
                 finish_reason=step.finish,
                 usage=step.usage,
+                reasoning=step.reasoning,
             )
 
 

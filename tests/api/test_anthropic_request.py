@@ -176,15 +176,63 @@ def test_tool_choice(tool_choice: Any, expected: ToolChoice, parallel: bool) -> 
     assert (generation.tool_choice, generation.parallel_tool_calls) == (expected, parallel)
 
 
-@pytest.mark.parametrize("thinking", [{"type": "disabled"}, {"type": "adaptive"}, None])
-def test_thinking_off_or_adaptive_is_accepted(thinking: Any) -> None:
-    assert parse(thinking=thinking).generation.messages == (ChatMessage("user", "hi"),)
+@pytest.mark.parametrize(
+    ("thinking", "switches"),
+    [
+        ({"type": "enabled", "budget_tokens": 1024}, {"enable_thinking": True}),
+        ({"type": "disabled"}, {"enable_thinking": False}),
+        (None, {"enable_thinking": False}),  # Anthropic's default: no thinking
+        ({"type": "adaptive"}, None),  # the model's own default
+        ({"type": "adaptive", "display": "summarized"}, None),
+    ],
+)
+def test_thinking_reaches_the_template_as_enable_thinking(
+    thinking: Any, switches: dict[str, Any] | None
+) -> None:
+    parsed = parse(max_tokens=2048, thinking=thinking)
+    assert parsed.generation.messages == (ChatMessage("user", "hi"),)
+    kwargs = parsed.generation.template_kwargs
+    assert (json.loads(kwargs) if kwargs else None) == switches
+    assert parsed.show_thinking
 
 
-def test_enabled_thinking_is_refused_clearly() -> None:
-    error = refused(body(thinking={"type": "enabled", "budget_tokens": 2048}))
-    assert error.param == "thinking"
-    assert "thinking is not supported" in error.message
+def test_effort_is_the_templates_reasoning_effort() -> None:
+    kwargs = parse(thinking={"type": "adaptive"}, output_config={"effort": "high"})
+    assert json.loads(kwargs.generation.template_kwargs or "") == {"reasoning_effort": "high"}
+
+
+def test_omitted_thinking_is_shown_empty() -> None:
+    thinking = {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}
+    assert not parse(max_tokens=2048, thinking=thinking).show_thinking
+
+
+@pytest.mark.parametrize(
+    ("thinking", "param"),
+    [
+        ({"type": "enabled"}, "thinking.budget_tokens"),
+        ({"type": "enabled", "budget_tokens": 1023}, "thinking.budget_tokens"),
+        ({"type": "enabled", "budget_tokens": 64}, "thinking.budget_tokens"),
+        ({"type": "enabled", "budget_tokens": 4096}, "max_tokens"),  # not below max_tokens
+        ({"type": "enabled", "budget_tokens": 1024, "display": "full"}, "thinking.display"),
+        ({"type": "disabled", "budget_tokens": 1024}, "thinking.budget_tokens"),
+        ({"type": "sometimes"}, "thinking.type"),
+    ],
+)
+def test_thinking_is_checked_as_anthropic_checks_it(thinking: Any, param: str) -> None:
+    assert refused(body(max_tokens=2048, thinking=thinking)).param == param
+
+
+def test_replayed_thinking_blocks_are_the_turns_reasoning() -> None:
+    turn = {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "Think.", "signature": "abc"},
+            {"type": "redacted_thinking", "data": "opaque"},
+            {"type": "text", "text": "Said."},
+        ],
+    }
+    messages = parse(messages=[USER, turn, USER]).generation.messages or ()
+    assert messages[1] == ChatMessage("assistant", "Said.", reasoning="Think.")
 
 
 def test_output_config_format_is_a_json_schema_response_format() -> None:
@@ -271,8 +319,16 @@ BAD_BODIES: list[tuple[Any, str | None]] = [
         "messages[0].content[0].type",
     ),
     (
-        body(messages=[{"role": "assistant", "content": [{"type": "thinking", "thinking": "x"}]}]),
+        body(messages=[{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]),
         "messages[0].content[0].type",
+    ),
+    (
+        body(
+            messages=[
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": 1}]},
+            ]
+        ),
+        "messages[0].content[0].thinking",
     ),
     (
         body(

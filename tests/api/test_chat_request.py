@@ -17,7 +17,14 @@ from trexo.api.chat_request import (
     parse_chat_request,
 )
 from trexo.api.errors import ApiError
-from trexo.types.generation import ChatMessage, ResponseFormat, SamplingParams, ToolCall, ToolChoice
+from trexo.types.generation import (
+    MAX_TEMPLATE_KWARGS_CHARS,
+    ChatMessage,
+    ResponseFormat,
+    SamplingParams,
+    ToolCall,
+    ToolChoice,
+)
 from trexo.types.ids import RequestId
 
 RID = RequestId("chatcmpl-test")
@@ -435,6 +442,9 @@ wrong_types: dict[str, Any] = {
     "logprobs": 1,
     "top_logprobs": "1",
     "response_format": "json",
+    "reasoning_effort": 1,
+    "enable_thinking": "yes",
+    "chat_template_kwargs": [],
 }
 
 
@@ -448,3 +458,49 @@ def test_a_wrong_type_names_its_field(name: str) -> None:
 
 def test_every_supported_field_has_a_wrong_type_case() -> None:
     assert set(wrong_types) == SUPPORTED_FIELDS
+
+
+def switches(**fields: Any) -> Any:
+    kwargs = parse(**fields).generation.template_kwargs
+    return None if kwargs is None else json.loads(kwargs)
+
+
+def test_thinking_switches_become_template_variables() -> None:
+    assert switches() is None
+    assert switches(enable_thinking=False) == {"enable_thinking": False}
+    assert switches(reasoning_effort="high") == {"reasoning_effort": "high"}
+    assert switches(reasoning_effort="none") == {"enable_thinking": False}
+    custom = {"enable_thinking": True, "style": {"terse": [1, "a"]}}
+    assert switches(chat_template_kwargs=custom) == custom
+    # The client's own variables are the most specific: they win.
+    both = switches(enable_thinking=False, chat_template_kwargs={"enable_thinking": True})
+    assert both == {"enable_thinking": True}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"eos_token": "x"}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"not a name": 1}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"reasoning_effort": 3}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"x": "a" * MAX_TEMPLATE_KWARGS_CHARS}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"x": "\ud800"}}, "chat_template_kwargs"),
+    ],
+)
+def test_template_variables_are_bounded(fields: dict[str, Any], param: str) -> None:
+    error = refused(body(**fields))
+    assert (error.param, error.code) == (param, "invalid_value")
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_a_replayed_turns_reasoning_reaches_the_template(field: str) -> None:
+    turn = {"role": "assistant", "content": "Hi.", field: "Greet back."}
+    messages = parse(messages=[USER, turn, USER]).generation.messages or ()
+    assert messages[1] == ChatMessage("assistant", "Hi.", reasoning="Greet back.")
+    other_shape = {"role": "assistant", "content": "Hi.", "reasoning": {"summary": []}}
+    messages = parse(messages=[USER, other_shape]).generation.messages or ()
+    assert messages[1].reasoning == ""

@@ -60,6 +60,7 @@ def test_completion_body_is_openais_shape() -> None:
             "completion_tokens": 2,
             "total_tokens": 5,
             "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0},
         },
     }
 
@@ -126,6 +127,7 @@ def test_stream_with_usage_ends_with_a_choiceless_usage_chunk() -> None:
         "completion_tokens": 1,
         "total_tokens": 8,
         "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
     assert events[-2]["choices"] == [choice({}, "length")]
 

@@ -168,7 +168,7 @@ async def test_list_show_ps_and_version(
     [
         ("/api/chat", {"model": DEMO.model_id, "messages": [{"role": "bot"}]}, 400),
         ("/api/chat", chat(options={"mirostat": 2}), 400),
-        ("/api/chat", chat(think=True), 400),
+        ("/api/chat", chat(think="maximal"), 400),
         ("/api/generate", {"model": DEMO.model_id, "prompt": "x", "suffix": "y"}, 400),
         ("/api/generate", {"prompt": "x"}, 400),
         ("/api/show", {}, 400),

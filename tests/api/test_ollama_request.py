@@ -194,11 +194,37 @@ def test_other_formats_are_refused(value: Any) -> None:
     refused(chat(format=value), "format")
 
 
-def test_think_is_refused_unless_off() -> None:
-    assert parse_chat(chat(think=False)).generation is not None
-    for think in (True, "high"):
-        error = refused(chat(think=think), "think")
-        assert "thinking" in error.message
+@pytest.mark.parametrize(
+    ("think", "switches"),
+    [
+        (None, None),  # the template's default: thinking models think
+        (True, {"enable_thinking": True}),
+        (False, {"enable_thinking": False}),
+        ("high", {"reasoning_effort": "high"}),  # gpt-oss's levels
+    ],
+)
+def test_think_reaches_the_template(think: Any, switches: dict[str, Any] | None) -> None:
+    for generation in (
+        parse_chat(chat(think=think)).generation,
+        parse_generate({"model": "m", "prompt": "x", "think": think}).generation,
+    ):
+        assert generation is not None
+        kwargs = generation.template_kwargs
+        assert (json.loads(kwargs) if kwargs else None) == switches
+    raw = parse_generate({"model": "m", "prompt": "x", "raw": True, "think": True}).generation
+    assert raw is not None and raw.template_kwargs is None  # no template
+
+
+@pytest.mark.parametrize("think", ["max", 1, ["low"]])
+def test_other_think_values_are_refused(think: Any) -> None:
+    refused(chat(think=think), "think")
+
+
+def test_a_replayed_turns_thinking_reaches_the_template() -> None:
+    turn = {"role": "assistant", "content": "Hi.", "thinking": "Greet back."}
+    generation = parse_chat(chat(messages=[USER, turn, USER])).generation
+    assert generation is not None and generation.messages is not None
+    assert generation.messages[1] == ChatMessage("assistant", "Hi.", reasoning="Greet back.")
 
 
 @pytest.mark.parametrize("keep_alive", ["5m", 0, -1, 300.5])
@@ -375,7 +401,7 @@ def test_fields_trexo_cannot_honour_are_refused(field: str, value: Any) -> None:
         ({"model": "m", "prompt": "x", "raw": "yes"}, "raw"),
         ({"model": "m", "prompt": "x", "tools": [WEATHER]}, "tools"),
         ({"model": "m", "prompt": "x", "messages": [USER]}, "messages"),
-        ({"model": "m", "prompt": "x", "think": True}, "think"),
+        ({"model": "m", "prompt": "x", "think": "yes"}, "think"),
     ],
 )
 def test_bad_generate_bodies_name_the_field(body: dict[str, Any], param: str) -> None:

@@ -219,7 +219,7 @@ async def test_failure_non_streaming_is_500(http: httpx.AsyncClient, node: FakeN
         (body(input=[]), 400, "input", "empty_array"),
         (body(tools=[{"type": "web_search"}]), 400, "tools[0].type", "unsupported_value"),
         (body(previous_response_id="resp_x"), 400, "previous_response_id", None),
-        (body(reasoning={"effort": "high"}), 400, "reasoning.effort", "unsupported_parameter"),
+        (body(reasoning={"effort": "extreme"}), 400, "reasoning.effort", "invalid_value"),
         (body(model="no-such-model"), 404, None, "model_not_found"),
         (body(input=" ".join(["word"] * FAKE_CONTEXT)), 400, None, None),  # over the context
     ],

@@ -228,12 +228,13 @@ def test_accepted_fields_that_ask_for_nothing() -> None:
         ({"bogus": 1}, "bogus", "unknown_parameter"),
         ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
         ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
-        ({"reasoning": {"effort": "high"}}, "reasoning.effort", "unsupported_parameter"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "invalid_value"),
+        ({"reasoning": {"summary": "long"}}, "reasoning.summary", "invalid_value"),
         ({"reasoning": {"bogus": 1}}, "reasoning.bogus", "unknown_parameter"),
         ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
         ({"truncation": "sometimes"}, "truncation", "invalid_value"),
         ({"background": True}, "background", "unsupported_parameter"),
-        ({"include": ["reasoning.encrypted_content"]}, "include", "unsupported_parameter"),
+        ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
         ({"input": []}, "input", "empty_array"),
         ({"input": 3}, "input", "invalid_type"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "invalid_value"),
@@ -244,7 +245,12 @@ def test_accepted_fields_that_ask_for_nothing() -> None:
             "unsupported_value",
         ),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "unsupported_value"),
-        ({"input": [{"type": "reasoning", "id": "x"}]}, "input[0].type", "unsupported_value"),
+        ({"input": [{"type": "web_search_call", "id": "x"}]}, "input[0].type", "unsupported_value"),
+        (
+            {"input": [{"type": "reasoning", "content": [{"type": "x", "text": "t"}]}]},
+            "input[0].content[0].type",
+            "unsupported_value",
+        ),
         ({"input": [{**CALL, "arguments": "[1]"}]}, "input[0].arguments", "invalid_value"),
         ({"input": [{**CALL, "call_id": None}]}, "input[0].call_id", "missing_required_parameter"),
         ({"input": ["x", CALL_OUTPUT]}, "input[0]", "invalid_type"),
@@ -330,3 +336,37 @@ def test_every_supported_field_is_accepted() -> None:
     }
     assert set(values) == SUPPORTED_FIELDS
     assert parse_responses_request(values, RID).generation.tools
+
+
+def test_reasoning_effort_reaches_the_template_and_is_echoed() -> None:
+    parsed = parse(reasoning={"effort": "low", "summary": "auto"})
+    assert json.loads(parsed.generation.template_kwargs or "") == {"reasoning_effort": "low"}
+    assert parsed.echo["reasoning"] == {"effort": "low", "summary": "auto"}
+    off = parse(reasoning={"effort": "none"}).generation.template_kwargs
+    assert json.loads(off or "") == {"enable_thinking": False}
+    assert parse().generation.template_kwargs is None
+
+
+def test_a_replayed_reasoning_item_is_the_reasoning_of_the_turn_after_it() -> None:
+    reasoning = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "Ask the tool."}],
+        "status": "completed",
+    }
+    summarised = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Done."}]}
+    answer = {"role": "assistant", "content": "Sunny."}
+    user = {"role": "user", "content": "hi"}
+    generation = parse(input=[user, reasoning, CALL, CALL_OUTPUT, summarised, answer]).generation
+    assert generation.messages == (
+        ChatMessage("user", "hi"),
+        ChatMessage(
+            "assistant",
+            "",
+            tool_calls=(ToolCall("call_1", "get_weather", CALL["arguments"]),),
+            reasoning="Ask the tool.",
+        ),
+        ChatMessage("tool", "sunny", tool_call_id="call_1", name="get_weather"),
+        ChatMessage("assistant", "Sunny.", reasoning="Done."),
+    )

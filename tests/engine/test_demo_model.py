@@ -56,7 +56,7 @@ def test_loads_with_mlx_lm_and_chat_template_works(tiny_model: Path) -> None:
 
 
 def test_sizes_are_listed_with_their_shapes() -> None:
-    assert set(DEMO_MODEL_NAMES) == {"tiny", "tiny-varied", "small", "tools"}
+    assert set(DEMO_MODEL_NAMES) == {"tiny", "tiny-varied", "small", "tools", "thinking"}
     assert 0.8e6 < DEMO_MODEL_SPECS["tiny"].parameter_count < 0.9e6
     assert 19e6 < DEMO_MODEL_SPECS["small"].parameter_count < 21e6
     tiny, varied = DEMO_MODEL_SPECS["tiny"], DEMO_MODEL_SPECS[VARIED_DEMO_SIZE]

@@ -12,7 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mlx_lm.tool_parsers import json_tools, mistral
 
-from trexo.engine.output import OutputReader, Released, ToolCallReader, ToolFormat
+from trexo.engine.output import (
+    IN_CALL,
+    NORMAL,
+    OutputFormat,
+    OutputReader,
+    OutputSplitter,
+    Released,
+    ToolCalls,
+    ToolFormat,
+)
 from trexo.types.generation import ToolCall
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
@@ -27,10 +36,14 @@ def reader(
     tools: list[dict[str, Any]] | None = None,
     stops: tuple[str, ...] = (),
     module: ModuleType = json_tools,
-    **kwargs: Any,
+    *,
+    in_call: bool = False,
+    single_call: bool = False,
 ) -> OutputReader:
-    calls = ToolCallReader(fmt(module), [WEATHER] if tools is None else tools, **kwargs)
-    return OutputReader(stops, calls)
+    tool_format = fmt(module)
+    calls = ToolCalls(tool_format, [WEATHER] if tools is None else tools, single_call=single_call)
+    transitions = OutputFormat(tools=tool_format).transitions(calls=True)
+    return OutputReader(stops, OutputSplitter(transitions, IN_CALL if in_call else NORMAL, calls))
 
 
 def read(out: OutputReader, pieces: list[str]) -> Released:

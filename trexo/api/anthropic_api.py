@@ -39,7 +39,12 @@ def anthropic_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSet
             schema_param="output_config.format.schema",
         )
         # `message_start` carries the prompt count made here (0: the runner counts it).
-        events = MessageEvents(parsed.message_id, parsed.model_id, admitted.prompt_tokens or 0)
+        events = MessageEvents(
+            parsed.message_id,
+            parsed.model_id,
+            admitted.prompt_tokens or 0,
+            show_thinking=parsed.show_thinking,
+        )
         return await answer(
             node,
             parsed.model_id,
@@ -47,7 +52,10 @@ def anthropic_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSet
             settings,
             stream=(events, NAMED_SSE) if parsed.stream else None,
             whole=lambda chunks: message_from_chunks(
-                chunks, message_id=parsed.message_id, model=parsed.model_id
+                chunks,
+                message_id=parsed.message_id,
+                model=parsed.model_id,
+                show_thinking=parsed.show_thinking,
             ),
         )
 

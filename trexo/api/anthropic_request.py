@@ -14,8 +14,16 @@ Choices where Anthropic's API and trexo differ:
   prompt cache is automatic), `inference_geo`, `speed`, `diagnostics`, `user_profile_id`,
   `workspace_id`, `output_config.effort`, a tool's `strict`. Server-side features (`container`,
   `mcp_servers`, `context_management`, server tools) are refused.
-- `thinking` `{"type": "enabled"}` is refused: trexo returns no thinking blocks. `adaptive`
-  (the model decides whether to think) and `disabled` are accepted: the answer has none.
+- `thinking` reaches the chat template as `enable_thinking` (`trexo.api.reasoning_request`):
+  true for `enabled`, false for `disabled` or no `thinking` (Anthropic's default), the
+  template's own default for `adaptive`. `budget_tokens` is checked as Anthropic checks it
+  (>= 1024, below `max_tokens`) but not enforced: a model stops thinking when it does, and
+  `max_tokens` bounds it all. A model that thinks anyway has its thinking returned as
+  `thinking` blocks; `display: "omitted"` returns them empty. `output_config.effort` is the
+  template's `reasoning_effort`.
+- An assistant turn's `thinking` blocks are replayed to the chat template as its
+  reasoning; `redacted_thinking` blocks (Anthropic's encrypted ones) are dropped, and no
+  `signature` is checked.
 - Several text blocks in one turn are joined with a blank line, so their words never run
   together in the single string a chat template takes.
 - A `tool_result` with `is_error` reaches the model prefixed with `Error: ` (a chat
@@ -38,6 +46,7 @@ import attrs
 from trexo.api.chat_request import MAX_TOKENS_LIMIT
 from trexo.api.content import item_text, typed_items
 from trexo.api.errors import ApiError
+from trexo.api.reasoning_request import effort, template_kwargs_text, thinking
 from trexo.api.tool_request import FUNCTION_NAME, check_tools, json_schema_format
 from trexo.api.validation import (
     invalid_type,
@@ -99,6 +108,8 @@ MESSAGES_FIELDS: Final = PROMPT_FIELDS | {
 
 TEXT_FIELDS: Final = frozenset({"type", "text", "cache_control", "citations"})
 TOOL_USE_FIELDS: Final = frozenset({"type", "id", "name", "input", "cache_control"})
+THINKING_BLOCK_FIELDS: Final = frozenset({"type", "thinking", "signature", "cache_control"})
+REDACTED_THINKING_FIELDS: Final = frozenset({"type", "data", "cache_control"})
 TOOL_RESULT_FIELDS: Final = frozenset(
     {"type", "tool_use_id", "content", "is_error", "cache_control"}
 )
@@ -113,9 +124,18 @@ TOOL_CHOICE_MODES: Final[Mapping[str, ToolChoiceMode]] = {
     "none": "none",
 }
 THINKING_FIELDS: Final[Mapping[str, frozenset[str]]] = {
+    "enabled": frozenset({"type", "budget_tokens", "display"}),
     "disabled": frozenset({"type"}),
     "adaptive": frozenset({"type", "display"}),
 }
+THINKING_SWITCH: Final[Mapping[str, bool | None]] = {
+    "enabled": True,
+    "disabled": False,
+    "adaptive": None,
+}
+MIN_THINKING_BUDGET = 1024
+"""Anthropic's least `thinking.budget_tokens`."""
+THINKING_DISPLAYS: Final = ("summarized", "omitted")
 EFFORTS: Final = ("low", "medium", "high", "xhigh", "max")
 
 T = TypeVar("T")
@@ -130,6 +150,8 @@ class MessagesRequest:
     stream: bool
     requested_max_tokens: int
     """`max_tokens`, which Anthropic requires; admission checks it against the context."""
+    show_thinking: bool = True
+    """False: thinking blocks come empty (`thinking.display` "omitted")."""
 
     @property
     def message_id(self) -> RequestId:
@@ -168,12 +190,13 @@ def parse_messages_request(body: Any, request_id: RequestId | None = None) -> Me
         top_k=_or(read_int(fields, "top_k", low=0), defaults.top_k),
         stop=_parse_stop_sequences(fields.get("stop_sequences")),
     )
-    model_id, generation = _parse_prompt(fields, request_id or new_message_id())
+    model_id, generation = _parse_prompt(fields, request_id or new_message_id(), max_tokens)
     return MessagesRequest(
         model_id=model_id,
         generation=attrs.evolve(generation, params=params),
         stream=read_bool(fields, "stream") or False,
         requested_max_tokens=max_tokens,
+        show_thinking=_thinking_display(fields.get("thinking")) != "omitted",
     )
 
 
@@ -203,12 +226,14 @@ def _checked_fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
 
 
 def _parse_prompt(
-    fields: Mapping[str, Any], request_id: RequestId
+    fields: Mapping[str, Any], request_id: RequestId, max_tokens: int | None = None
 ) -> tuple[str, GenerationRequest]:
     model_id = required_str(fields, "model")
     if not model_id:
         raise invalid_value("model", "expected a non-empty string")
-    _check_thinking(fields.get("thinking"))
+    switches = _parse_thinking(fields.get("thinking"), max_tokens)
+    response_format, effort_switch = _parse_output_config(fields.get("output_config"))
+    switches.update(effort_switch)
     messages = _parse_messages(required(fields, "messages"))
     if "system" in fields:
         system = _text_of(fields["system"], "system")
@@ -221,8 +246,9 @@ def _parse_prompt(
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
-        response_format=_parse_output_config(fields.get("output_config")),
+        response_format=response_format,
         continue_final=messages[-1].role == "assistant" and not messages[-1].tool_calls,
+        template_kwargs=template_kwargs_text(switches, "thinking"),
     )
 
 
@@ -282,13 +308,26 @@ def _assistant_turn(content: Any, where: str) -> ChatMessage:
     if isinstance(content, str):
         return ChatMessage("assistant", valid_text(content, f"{where}.content"))
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[ToolCall] = []
-    for at, kind, block in typed_items(content, f"{where}.content", ("text", "tool_use")):
+    kinds = ("text", "tool_use", "thinking", "redacted_thinking")
+    for at, kind, block in typed_items(content, f"{where}.content", kinds):
         if kind == "text":
             texts.append(_text_block(block, at))
+        elif kind == "thinking":
+            _check_keys(block, THINKING_BLOCK_FIELDS, at)
+            read_str(block, "signature", where=f"{at}.signature")
+            thoughts.append(valid_text(required_str(block, "thinking", where=f"{at}.thinking"), at))
+        elif kind == "redacted_thinking":
+            _check_keys(block, REDACTED_THINKING_FIELDS, at)
         else:
             calls.append(_tool_use(block, at))
-    return ChatMessage("assistant", BLOCK_SEPARATOR.join(texts), tool_calls=tuple(calls))
+    return ChatMessage(
+        "assistant",
+        BLOCK_SEPARATOR.join(texts),
+        tool_calls=tuple(calls),
+        reasoning=BLOCK_SEPARATOR.join(thoughts),
+    )
 
 
 def _text_block(block: Mapping[str, Any], where: str) -> str:
@@ -393,38 +432,52 @@ def _parse_tool_choice(raw: Any, tools: tuple[ToolSpec, ...]) -> tuple[ToolChoic
 # --- the rest ----------------------------------------------------------------------------------
 
 
-def _check_thinking(raw: Any) -> None:
+def _parse_thinking(raw: Any, max_tokens: int | None) -> dict[str, Any]:
+    """The template switch `thinking` asks for (none: thinking off, as Anthropic's default)."""
     if raw is None:
-        return
+        return thinking(False)
     fields = present(require_object(raw, "thinking"))
     kind = required_str(fields, "type", where="thinking.type")
-    if kind == "enabled":
-        raise ApiError(
-            400,
-            "Extended thinking is not supported by trexo: it returns no thinking blocks. "
-            'Omit \'thinking\', or set it to {"type": "disabled"}.',
-            param="thinking",
-            code="unsupported_value",
-        )
     if kind not in THINKING_FIELDS:
         raise invalid_value(
-            "thinking.type", f"expected one of enabled, adaptive, disabled, but got {kind!r}"
+            "thinking.type", f"expected one of {', '.join(THINKING_FIELDS)}, but got {kind!r}"
         )
     _check_keys(fields, THINKING_FIELDS[kind], "thinking")
+    _thinking_display(fields)
+    if kind == "enabled":
+        where = "thinking.budget_tokens"
+        budget = read_int({where: fields.get("budget_tokens")}, where, low=MIN_THINKING_BUDGET)
+        if budget is None:
+            raise missing("thinking.budget_tokens")
+        if max_tokens is not None and budget >= max_tokens:
+            raise invalid_value(
+                "max_tokens", "`max_tokens` must be greater than `thinking.budget_tokens`"
+            )
+    return thinking(THINKING_SWITCH[kind])
 
 
-def _parse_output_config(raw: Any) -> ResponseFormat | None:
-    if raw is None:
+def _thinking_display(raw: Any) -> str | None:
+    if not isinstance(raw, dict):
         return None
+    display = read_str(raw, "display", where="thinking.display")
+    if display is not None and display not in THINKING_DISPLAYS:
+        raise invalid_value(
+            "thinking.display",
+            f"expected one of {', '.join(THINKING_DISPLAYS)}, but got {display!r}",
+        )
+    return display
+
+
+def _parse_output_config(raw: Any) -> tuple[ResponseFormat | None, dict[str, Any]]:
+    """The response format, and the template switch for the effort."""
+    if raw is None:
+        return None, {}
     fields = present(require_object(raw, "output_config"))
     _check_keys(fields, ("effort", "format"), "output_config")
-    effort = read_str(fields, "effort", where="output_config.effort")
-    if effort is not None and effort not in EFFORTS:
-        raise invalid_value(
-            "output_config.effort", f"expected one of {', '.join(EFFORTS)}, but got {effort!r}"
-        )
+    effort_at = "output_config.effort"
+    switch = effort(read_str(fields, "effort", where=effort_at), effort_at, EFFORTS)
     if "format" not in fields:
-        return None
+        return None, switch
     where = "output_config.format"
     spec = present(require_object(fields["format"], where))
     _check_keys(spec, ("type", "schema"), where)
@@ -432,7 +485,7 @@ def _parse_output_config(raw: Any) -> ResponseFormat | None:
     if kind != "json_schema":
         raise invalid_value(f"{where}.type", f"expected 'json_schema', but got {kind!r}")
     schema = required(spec, "schema", where=f"{where}.schema")
-    return json_schema_format({"name": "output", "schema": schema}, where)
+    return json_schema_format({"name": "output", "schema": schema}, where), switch
 
 
 def _parse_stop_sequences(raw: Any) -> tuple[str, ...]:

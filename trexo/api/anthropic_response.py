@@ -11,9 +11,12 @@ now, `cache_read_input_tokens` those the runner's prompt cache held (trexo's
 `cached_tokens`), and nothing is written to a cache on request (`cache_creation_input_tokens`
 0). Their sum is trexo's `prompt_tokens`.
 
-A turn's content is its text and a `tool_use` block per call (with the call's id), in the
-order the model wrote them, streamed or not; a turn with neither has one empty text block
-(a client may read `content[0].text`).
+A turn's content is its thinking (a thinking model's reasoning, as `thinking` blocks), its
+text and a `tool_use` block per call (with the call's id), in the order the model wrote them,
+streamed or not; a turn with no text and no call has one empty text block (a client may read
+the text block after the thinking). A thinking block's `signature` is the SHA-256 of its
+thinking, in hex: something to pass back, as clients do, not a proof that trexo checks (it
+checks none). Streamed, a thinking block is `thinking_delta`s, then one `signature_delta`.
 
 Errors are `{"type": "error", "error": {"type", "message"}}` with trexo's HTTP statuses; the
 type names the status as Anthropic's API does. trexo's 503 keeps its status and Retry-After
@@ -23,6 +26,7 @@ type names the status as Anthropic's API does. trexo's 503 keeps its status and 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -82,26 +86,47 @@ def text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
+def thinking_signature(thinking: str) -> str:
+    return hashlib.sha256(thinking.encode()).hexdigest()
+
+
+def thinking_block(thinking: str, *, shown: bool = True) -> dict[str, Any]:
+    """A finished `thinking` block; not `shown` (display "omitted"), with no thinking."""
+    signature = thinking_signature(thinking)
+    return {"type": "thinking", "thinking": thinking if shown else "", "signature": signature}
+
+
 def tool_use_block(call: ToolCall, *, streamed: bool = False) -> dict[str, Any]:
     """A call as a `tool_use` block; `streamed`: its input is empty (it follows as JSON)."""
     arguments = {} if streamed else json.loads(call.arguments)
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
 
 
-def content_blocks(chunks: Iterable[Chunk]) -> list[dict[str, Any]]:
+def content_blocks(chunks: Iterable[Chunk], *, show_thinking: bool = True) -> list[dict[str, Any]]:
     """A turn's content blocks, in the order the model wrote them (as they stream)."""
     blocks: list[dict[str, Any]] = []
     for chunk in chunks:
-        if chunk.text:
-            if blocks and blocks[-1]["type"] == "text":
-                blocks[-1]["text"] += chunk.text
+        for kind, text in (("thinking", chunk.reasoning), ("text", chunk.text)):
+            if not text:
+                continue
+            if blocks and blocks[-1]["type"] == kind:
+                blocks[-1][kind] += text
             else:
-                blocks.append(text_block(chunk.text))
+                blocks.append({"type": kind, kind: text})
         blocks += [tool_use_block(call) for call in chunk.tool_calls]
-    return blocks or [text_block("")]
+    if not any(block["type"] in ("text", "tool_use") for block in blocks):
+        blocks.append(text_block(""))
+    return [
+        thinking_block(block["thinking"], shown=show_thinking)
+        if block["type"] == "thinking"
+        else block
+        for block in blocks
+    ]
 
 
-def message_from_chunks(chunks: list[Chunk], *, message_id: str, model: str) -> dict[str, Any]:
+def message_from_chunks(
+    chunks: list[Chunk], *, message_id: str, model: str, show_thinking: bool = True
+) -> dict[str, Any]:
     """The non-streaming `message` for a finished generation's chunks (the last one
     finishes it)."""
     outcome = outcome_of(chunks)
@@ -110,7 +135,7 @@ def message_from_chunks(chunks: list[Chunk], *, message_id: str, model: str) -> 
         "type": MESSAGE_TYPE,
         "role": ASSISTANT,
         "model": model,
-        "content": content_blocks(chunks),
+        "content": content_blocks(chunks, show_thinking=show_thinking),
         "stop_reason": stop_reason(
             outcome.finish_reason,
             called=bool(outcome.tool_calls),
@@ -141,9 +166,11 @@ class MessageEvents:
     `message_delta` (stop reason, usage) and `message_stop`. A
     `trexo.api.streaming.ChunkEvents`, framed as named SSE events.
 
-    A text block stays open while text comes, and closes when a call or the end does. trexo
-    sends each call whole, so a `tool_use` block starts (with empty `input`), gets all its
-    input in one `input_json_delta` and stops at once. `message_delta`'s usage is the whole
+    A text or thinking block stays open while its kind of text comes, and closes when the
+    other kind, a call or the end comes (a thinking block with its `signature_delta`); with
+    `show_thinking` false it gets no `thinking_delta`. trexo sends each call whole, so a
+    `tool_use` block starts (with empty `input`), gets all its input in one
+    `input_json_delta` and stops at once. `message_delta`'s usage is the whole
     usage (a client overwrites `message_start`'s with it): `input_tokens` there is the
     runner's count, where `message_start` has this node's (0 if it could not count).
     """
@@ -151,10 +178,16 @@ class MessageEvents:
     message_id: str
     model: str
     input_tokens: int = 0
+    show_thinking: bool = True
     finished: bool = attrs.field(default=False, init=False)
     _blocks: int = attrs.field(default=0, init=False)
     """How many content blocks have started."""
-    _text_open: bool = attrs.field(default=False, init=False)
+    _open: str | None = attrs.field(default=None, init=False)
+    """The kind of the open block ("text", "thinking"); None when none is open."""
+    _thinking: str = attrs.field(default="", init=False)
+    """The open thinking block's text (its signature is made of it)."""
+    _answered: bool = attrs.field(default=False, init=False)
+    """A text or tool_use block has started."""
     _called: bool = attrs.field(default=False, init=False)
     _output_tokens: int = attrs.field(default=0, init=False)
 
@@ -177,13 +210,17 @@ class MessageEvents:
             return []
         self._output_tokens += len(chunk.token_ids)
         out: list[dict[str, Any]] = []
+        if chunk.reasoning:
+            out += self._open_block("thinking")
+            self._thinking += chunk.reasoning
+            if self.show_thinking:
+                out.append(self._delta({"type": "thinking_delta", "thinking": chunk.reasoning}))
         if chunk.text:
-            if not self._text_open:
-                out.append(self._start(text_block("")))
-                self._text_open = True
+            out += self._open_block("text")
             out.append(self._delta({"type": "text_delta", "text": chunk.text}))
         for call in chunk.tool_calls:
-            out += self._close_text()
+            out += self._close_block()
+            self._answered = True
             out.append(self._start(tool_use_block(call, streamed=True)))
             out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
             out.append(self._stop())
@@ -200,10 +237,9 @@ class MessageEvents:
         assert chunk.finish_reason is not None
         self.finished = True
         out = []
-        if not self._blocks:  # as the non-streamed message: a text block, if only empty
-            out.append(self._start(text_block("")))
-            self._text_open = True
-        out += self._close_text()
+        if not self._answered:  # as the non-streamed message: a text block, if only empty
+            out += self._open_block("text")
+        out += self._close_block()
         usage = chunk.usage or Usage(self.input_tokens, self._output_tokens)
         delta = {
             "stop_reason": stop_reason(
@@ -225,8 +261,27 @@ class MessageEvents:
     def _stop(self) -> dict[str, Any]:
         return {"type": "content_block_stop", "index": self._blocks - 1}
 
-    def _close_text(self) -> list[dict[str, Any]]:
-        if not self._text_open:
+    def _open_block(self, kind: str) -> list[dict[str, Any]]:
+        """The events that leave a block of `kind` open: the open one's end, if it is of
+        another kind, and the new one's start."""
+        if self._open == kind:
             return []
-        self._text_open = False
-        return [self._stop()]
+        out = self._close_block()
+        self._open = kind
+        if kind == "thinking":
+            out.append(self._start({"type": "thinking", "thinking": "", "signature": ""}))
+        else:
+            self._answered = True
+            out.append(self._start(text_block("")))
+        return out
+
+    def _close_block(self) -> list[dict[str, Any]]:
+        out = []
+        if self._open == "thinking":
+            signature = thinking_signature(self._thinking)
+            out.append(self._delta({"type": "signature_delta", "signature": signature}))
+            self._thinking = ""
+        if self._open is not None:
+            out.append(self._stop())
+        self._open = None
+        return out

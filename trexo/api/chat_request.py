@@ -12,6 +12,11 @@ Choices where OpenAI's API and trexo differ:
   (`refusal`, `annotations`, ...) are accepted.
 - `developer` messages are passed to the chat template as `system`: mlx-lm chat templates
   know `system`, and OpenAI treats `developer` as its successor.
+- Thinking models' switches reach the chat template (`trexo.api.reasoning_request`):
+  `reasoning_effort` ("none" turns thinking off), `enable_thinking` (top-level, as Qwen's
+  own API takes it), and vLLM's `chat_template_kwargs` (any template variables; they win
+  over the other two). An assistant turn's `reasoning_content` (or `reasoning`) is replayed
+  to the template.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import attrs
 
 from trexo.api.content import text_content
 from trexo.api.errors import ApiError
+from trexo.api.reasoning_request import client_kwargs, effort, template_kwargs_text, thinking
 from trexo.api.tool_request import (
     parse_chat_tool_choice,
     parse_chat_tools,
@@ -90,6 +96,9 @@ SUPPORTED_FIELDS: Final = frozenset(
         "frequency_penalty",
         "presence_penalty",
         "user",
+        "reasoning_effort",
+        "enable_thinking",
+        "chat_template_kwargs",
     }
 )
 UNSUPPORTED_FIELDS: Final[Mapping[str, tuple[object, ...]]] = {
@@ -101,12 +110,14 @@ UNSUPPORTED_FIELDS: Final[Mapping[str, tuple[object, ...]]] = {
     "modalities": (["text"],),
     "prediction": (),
     "web_search_options": (),
-    "reasoning_effort": (),
     "store": (False,),
     "metadata": ({},),
     "service_tier": ("auto", "default"),
 }
 STREAM_OPTIONS_FIELDS: Final = frozenset({"include_usage", "include_obfuscation"})
+REASONING_FIELDS: Final = ("reasoning_content", "reasoning")
+"""Where a replayed assistant turn carries its reasoning (DeepSeek's and vLLM's name, and
+the newer one of vLLM and OpenRouter)."""
 
 T = TypeVar("T")
 
@@ -169,11 +180,23 @@ def parse_chat_request(body: Any, request_id: RequestId | None = None) -> ChatRe
             parallel_tool_calls=_first(read_bool(fields, "parallel_tool_calls"), True),
             logprobs=parse_logprobs(fields),
             response_format=parse_response_format(fields.get("response_format")),
+            template_kwargs=parse_template_kwargs(fields),
         ),
         stream=stream,
         include_usage=include_usage,
         requested_max_tokens=requested_max_tokens,
     )
+
+
+def parse_template_kwargs(fields: Mapping[str, Any]) -> str | None:
+    """`reasoning_effort`, `enable_thinking` and `chat_template_kwargs`, as template variables."""
+    kwargs = {
+        **effort(read_str(fields, "reasoning_effort"), "reasoning_effort"),
+        **thinking(read_bool(fields, "enable_thinking")),
+        **client_kwargs(fields.get("chat_template_kwargs")),
+    }
+    where = "chat_template_kwargs" if "chat_template_kwargs" in fields else "reasoning_effort"
+    return template_kwargs_text(kwargs, where)
 
 
 def refuse_unknown_and_unsupported(
@@ -235,7 +258,18 @@ def _parse_message(raw: Any, where: str) -> ChatMessage:
         tool_calls=calls,
         tool_call_id=tool_call_id,
         name=name if role == "tool" else None,
+        reasoning=_replayed_reasoning(message, where) if role == "assistant" else "",
     )
+
+
+def _replayed_reasoning(message: Mapping[str, Any], where: str) -> str:
+    """An assistant turn's reasoning, if it carries it as text (leniently: a field of
+    another shape is ignored, as any other unknown field of a message)."""
+    for field in REASONING_FIELDS:
+        value = message.get(field)
+        if isinstance(value, str) and value:
+            return valid_text(value, f"{where}.{field}")
+    return ""
 
 
 def parse_logprobs(fields: Mapping[str, Any]) -> int | None:

@@ -6,6 +6,11 @@ answer, OpenAI has no such reason, and strict clients reject unknown ones; whoev
 knows. "error" never becomes a finish reason: it is reported as an error
 (see `trexo.api.errors`).
 
+A thinking model's reasoning is the message's `reasoning_content` (in a stream, deltas of
+`reasoning_content` before the `content` ones), the field DeepSeek's API and vLLM answer
+with; OpenAI's own models return none. It is left out when the model did not reason, and
+`usage.completion_tokens_details.reasoning_tokens` counts its tokens.
+
 Tool calls stream as OpenAI streams them: each call's first delta carries its `index`, `id`,
 `type` and function `name`, with its `arguments` (trexo sends each call whole, once the model
 has finished writing it, so one delta holds all of it).
@@ -25,6 +30,7 @@ from trexo.types.ids import RequestId
 
 OpenAIFinishReason = Literal["stop", "length", "tool_calls"]
 
+REASONING_FIELD = "reasoning_content"
 COMPLETION_OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"
 
@@ -52,6 +58,7 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
 
 
@@ -83,6 +90,8 @@ def logprobs_body(entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
 
 def message_body(outcome: Outcome) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": outcome.text, "refusal": None}
+    if outcome.reasoning:
+        message[REASONING_FIELD] = outcome.reasoning
     if outcome.tool_calls:
         # As OpenAI answers a turn of only calls: content null, not "".
         message["content"] = outcome.text or None
@@ -129,9 +138,10 @@ def completion_from_chunks(
 @attrs.define
 class ChunkEncoder:
     """Turns one generation's trexo chunks into `chat.completion.chunk` objects, as OpenAI
-    streams them: a first chunk with the role, content and tool-call deltas, a chunk with the
-    finish reason, and with `include_usage` a last chunk with no choices and the usage (every
-    other chunk then has `"usage": null`). A `trexo.api.streaming.ChunkEvents`.
+    streams them: a first chunk with the role, then reasoning, content and tool-call deltas,
+    a chunk with the finish reason, and with `include_usage` a last chunk with no choices and
+    the usage (every other chunk then has `"usage": null`). A
+    `trexo.api.streaming.ChunkEvents`.
     """
 
     request_id: RequestId
@@ -154,6 +164,9 @@ class ChunkEncoder:
         self._completion_tokens += len(chunk.token_ids)
         out = []
         logprobs = logprobs_body(chunk.logprobs) if self.logprobs and chunk.logprobs else None
+        if chunk.reasoning:
+            out.append(self._chunk({REASONING_FIELD: chunk.reasoning}, None, logprobs))
+            logprobs = None  # a token's log probability goes with its first delta
         if chunk.text or logprobs is not None:
             out.append(self._chunk({"content": chunk.text}, None, logprobs))
         if chunk.tool_calls:

@@ -15,9 +15,17 @@ Choices where Ollama and trexo differ:
   option name is refused, so a typo is not silently ignored.
 - `keep_alive` is accepted and ignored: a placed model stays until its instance is deleted.
 - Other unknown fields are refused (Ollama ignores them), so a typo is not silently ignored;
-  unknown fields inside messages are ignored, so replayed turns (`thinking`, ...) pass.
-- `think`, `images`, `suffix`, `template`, `context` and image-generation fields are refused
-  unless they ask for nothing: trexo cannot honour them.
+  unknown fields inside messages are ignored, so replayed turns pass. An assistant turn's
+  `thinking` is replayed to the chat template as its reasoning.
+- `think` reaches the chat template (`trexo.api.reasoning_request`): true or false is
+  `enable_thinking`, "low", "medium" or "high" (gpt-oss's levels) `reasoning_effort`;
+  absent, the template's default, which for thinking models is to think (as Ollama's
+  thinking models do by default). A chat's thinking is always returned apart from its
+  answer (`message.thinking`, `thinking`), also when `think` is false and the model thinks
+  anyway: it is never mixed into the answer. A raw `/api/generate` prompt has no template,
+  so its output is the text as generated.
+- `images`, `suffix`, `template`, `context` and image-generation fields are refused unless
+  they ask for nothing: trexo cannot honour them.
 - An empty `messages` (chat) or absent `prompt` (generate) asks Ollama to load the model:
   the request then carries no generation (`OllamaRequest.generation` is None).
 - Model names: Ollama's implicit `:latest` tag is dropped when the bare name is the model's
@@ -34,6 +42,7 @@ import attrs
 
 from trexo.api.chat_request import MAX_SEED, MAX_TOKENS_LIMIT, parse_logprobs
 from trexo.api.errors import ApiError
+from trexo.api.reasoning_request import effort, template_kwargs_text, thinking
 from trexo.api.tool_request import arguments_text, parse_chat_tools
 from trexo.api.validation import (
     invalid_type,
@@ -119,6 +128,8 @@ NEUTRAL_OPTIONS: Final[Mapping[str, float]] = {
     "tfs_z": 1.0,
 }
 FORMAT_JSON = "json"
+THINK_LEVELS: Final = ("low", "medium", "high")
+"""`think`'s levels (for gpt-oss), besides true and false."""
 
 
 @attrs.frozen
@@ -165,6 +176,7 @@ def parse_chat(body: Any, request_id: RequestId | None = None) -> OllamaRequest:
         tools=tools,
         logprobs=shared.logprobs,
         response_format=shared.response_format,
+        template_kwargs=shared.template_kwargs,
     )
     return OllamaRequest(model, request_id, generation, shared.stream, shared.requested_max_tokens)
 
@@ -191,6 +203,7 @@ def parse_generate(body: Any, request_id: RequestId | None = None) -> OllamaRequ
         params=shared.params,
         logprobs=shared.logprobs,
         response_format=shared.response_format,
+        template_kwargs=None if raw else shared.template_kwargs,
     )
     return OllamaRequest(model, request_id, generation, shared.stream, shared.requested_max_tokens)
 
@@ -240,11 +253,11 @@ class _Shared:
     requested_max_tokens: int | None
     response_format: ResponseFormat | None
     logprobs: int | None
+    template_kwargs: str | None
 
 
 def _shared(fields: Mapping[str, Any]) -> _Shared:
     stream = read_bool(fields, "stream")
-    _refuse_thinking(fields.get("think"))
     keep_alive = fields.get("keep_alive")
     if keep_alive is not None and not isinstance(keep_alive, str | int | float):
         raise invalid_type("keep_alive", "a duration (a number or a string)", keep_alive)
@@ -255,15 +268,17 @@ def _shared(fields: Mapping[str, Any]) -> _Shared:
         requested_max_tokens=requested,
         response_format=parse_format(fields.get("format")),
         logprobs=parse_logprobs(fields),
+        template_kwargs=template_kwargs_text(_think(fields.get("think")), "think"),
     )
 
 
-def _refuse_thinking(think: Any) -> None:
-    if think is None or think is False:
-        return
-    if not isinstance(think, bool | str):
+def _think(think: Any) -> dict[str, Any]:
+    """The template switch `think` asks for: on or off, or a level of effort."""
+    if think is None or isinstance(think, bool):
+        return thinking(think)
+    if not isinstance(think, str):
         raise invalid_type("think", "a boolean or a string", think)
-    raise _refused("think", "trexo does not separate a model's thinking from its answer")
+    return effort(think, "think", THINK_LEVELS)
 
 
 def _refused(name: str, why: str) -> ApiError:
@@ -382,7 +397,8 @@ def _parse_messages(raw: Any) -> tuple[ChatMessage, ...]:
 
 
 def _parse_message(raw: Any, where: str, index: int) -> ChatMessage:
-    """One message; its other fields (`thinking`, ...) are ignored, so replayed turns pass."""
+    """One message (an assistant's `thinking` replayed); its other fields are ignored, so
+    replayed turns pass."""
     message = present(require_object(raw, where))
     role = required_str(message, "role", where=f"{where}.role")
     if role not in MESSAGE_ROLES:
@@ -399,8 +415,12 @@ def _parse_message(raw: Any, where: str, index: int) -> ChatMessage:
         if role != "assistant":
             raise invalid_value(f"{where}.tool_calls", "only assistant messages make tool calls")
         calls = _parse_tool_calls(message["tool_calls"], f"{where}.tool_calls", index)
+    if role == "assistant":
+        thought = message.get("thinking")
+        reasoning = valid_text(thought, f"{where}.thinking") if isinstance(thought, str) else ""
+        return ChatMessage(role, content, tool_calls=calls, reasoning=reasoning)
     if role != "tool":
-        return ChatMessage(role, content, tool_calls=calls)
+        return ChatMessage(role, content)
     name = read_str(message, "tool_name", where=f"{where}.tool_name")
     name = name or read_str(message, "name", where=f"{where}.name")
     call_id = read_str(message, "tool_call_id", where=f"{where}.tool_call_id")

@@ -12,6 +12,10 @@ the first token to the last (decode). `load_duration` is 0: a model answers only
 and loaded. A non-streaming answer is collected whole, so only its `total_duration` is known:
 its prefill and decode durations are reported as 0.
 
+A thinking model's reasoning is `message.thinking` (chat) or `thinking` (generate), apart
+from the answer, as Ollama returns it; lines of reasoning carry an empty answer. The field is
+left out when there is none.
+
 Done reasons: "stop" and "length" as trexo's; a turn that called tools ends with "stop", as in
 Ollama; "cancelled" (`POST /v1/cancel/{id}`) is reported as "stop" (the text so far is a
 valid, shorter answer, and Ollama has no such reason).
@@ -115,12 +119,19 @@ def logprobs_body(entries: tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
 
 
 def _output(
-    endpoint: Endpoint, text: str, calls: tuple[ToolCall, ...] = (), first_call: int = 0
+    endpoint: Endpoint,
+    text: str,
+    calls: tuple[ToolCall, ...] = (),
+    first_call: int = 0,
+    thinking: str = "",
 ) -> dict[str, Any]:
-    """The output fields of a line: chat's `message`, generate's `response`."""
+    """The output fields of a line: chat's `message`, generate's `response` (and their
+    `thinking`)."""
     if endpoint == "generate":
-        return {"response": text}
+        return {"response": text, "thinking": thinking} if thinking else {"response": text}
     message: dict[str, Any] = {"role": "assistant", "content": text}
+    if thinking:
+        message["thinking"] = thinking
     if calls:
         message["tool_calls"] = [
             tool_call_body(call, first_call + i) for i, call in enumerate(calls)
@@ -135,9 +146,11 @@ def _line(
     text: str = "",
     calls: tuple[ToolCall, ...] = (),
     first_call: int = 0,
+    thinking: str = "",
 ) -> dict[str, Any]:
     """A line's (or a whole answer's) model, time and output."""
-    return {"model": model, "created_at": created_at, **_output(endpoint, text, calls, first_call)}
+    output = _output(endpoint, text, calls, first_call, thinking)
+    return {"model": model, "created_at": created_at, **output}
 
 
 def _done(reason: str, statistics: dict[str, int] | None = None) -> dict[str, Any]:
@@ -155,7 +168,14 @@ def answer_body(
 ) -> dict[str, Any]:
     """A whole answer (`stream: false`)."""
     body = {
-        **_line(endpoint, model, created_at, outcome.text, outcome.tool_calls),
+        **_line(
+            endpoint,
+            model,
+            created_at,
+            outcome.text,
+            outcome.tool_calls,
+            thinking=outcome.reasoning,
+        ),
         **_done(done_reason(outcome.finish_reason), stats(outcome.usage, timings)),
     }
     if logprobs:
@@ -197,15 +217,21 @@ class LineEncoder:
             return []
         now_ns = self.clock()
         created_at = timestamp(self.wall_clock())
-        produced = chunk.text or chunk.token_ids or chunk.tool_calls
+        produced = chunk.text or chunk.reasoning or chunk.token_ids or chunk.tool_calls
         if produced and self._first_token_ns is None:
             self._first_token_ns = now_ns
         self._completion_tokens += len(chunk.token_ids)
         lines = []
         logprobs = self.logprobs and bool(chunk.logprobs)
-        if chunk.text or chunk.tool_calls or logprobs:
+        if chunk.text or chunk.reasoning or chunk.tool_calls or logprobs:
             line = _line(
-                self.endpoint, self.model, created_at, chunk.text, chunk.tool_calls, self._calls
+                self.endpoint,
+                self.model,
+                created_at,
+                chunk.text,
+                chunk.tool_calls,
+                self._calls,
+                chunk.reasoning,
             )
             line["done"] = False
             if logprobs:

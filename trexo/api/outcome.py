@@ -19,6 +19,8 @@ class Outcome:
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     stop_sequence: str | None = None
+    reasoning: str = ""
+    """The model's reasoning (its think block), apart from its answer `text`."""
 
 
 def usage_of(chunks: Iterable[Chunk]) -> Usage:
@@ -42,4 +44,5 @@ def outcome_of(chunks: Iterable[Chunk]) -> Outcome:
         tool_calls=tuple(call for chunk in chunks for call in chunk.tool_calls),
         logprobs=tuple(entry for chunk in chunks for entry in chunk.logprobs),
         stop_sequence=chunks[-1].stop_sequence,
+        reasoning="".join(chunk.reasoning for chunk in chunks),
     )

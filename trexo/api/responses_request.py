@@ -13,6 +13,12 @@ Choices where OpenAI's API and trexo differ:
   are passed to the chat template as `system`.
 - Unknown top-level fields are refused, as OpenAI does; fields inside input items are
   lenient (`id`, `status`, `annotations`, ...), so output items can be replayed as input.
+- `reasoning.effort` reaches the chat template (`trexo.api.reasoning_request`): "none"
+  turns thinking off, any other is the template's `reasoning_effort`; `reasoning.summary`
+  is accepted, but the reasoning comes whole (as a reasoning item's `content`), never
+  summarised. A replayed `reasoning` item is the reasoning of the assistant turn after it;
+  `include: ["reasoning.encrypted_content"]` asks for nothing trexo has (its reasoning items
+  hold their text).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import attrs
 
 from trexo.api.content import text_content
 from trexo.api.errors import ApiError
+from trexo.api.reasoning_request import effort, template_kwargs_text
 from trexo.api.tool_request import (
     arguments_text,
     check_tools,
@@ -101,7 +108,7 @@ SUPPORTED_FIELDS: Final = frozenset(
 UNSUPPORTED_FIELDS: Final[Mapping[str, tuple[object, ...]]] = {
     # field -> the values (besides null) that ask for nothing, so they are accepted
     "background": (False,),
-    "include": ([],),
+    "include": ([], ["reasoning.encrypted_content"]),
     "max_tool_calls": (),
     "prompt": (),
     "prompt_cache_retention": (),
@@ -113,6 +120,8 @@ STATEFUL_FIELDS: Final = ("previous_response_id", "conversation")
 """Fields that point at stored state: refused, naming why."""
 TEXT_FIELDS: Final = frozenset({"format", "verbosity"})
 REASONING_FIELDS: Final = frozenset({"effort", "summary", "generate_summary"})
+REASONING_SUMMARIES: Final = ("auto", "concise", "detailed")
+REASONING_TEXT_TYPES: Final = frozenset({"reasoning_text", "summary_text"})
 STREAM_OPTIONS_FIELDS: Final = frozenset({"include_obfuscation"})
 
 
@@ -184,7 +193,7 @@ def parse_responses_request(body: Any, request_id: RequestId | None = None) -> R
     for name in ("user", "safety_identifier", "prompt_cache_key"):
         read_str(fields, name)  # accepted and ignored, but each must be a string
     read_bool(fields, "store")
-    _check_reasoning(fields.get("reasoning"))
+    reasoning_echo = _parse_reasoning(fields.get("reasoning"))
     _check_truncation(fields)
 
     echo: dict[str, Any] = {
@@ -193,7 +202,7 @@ def parse_responses_request(body: Any, request_id: RequestId | None = None) -> R
         "metadata": _parse_metadata(fields.get("metadata")),
         "parallel_tool_calls": parallel,
         "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": reasoning_echo,
         "store": False,  # whatever was asked: nothing is kept
         "temperature": params.temperature,
         "text": text_echo,
@@ -213,6 +222,9 @@ def parse_responses_request(body: Any, request_id: RequestId | None = None) -> R
             tool_choice=tool_choice if tools else ToolChoice(),
             parallel_tool_calls=parallel,
             response_format=response_format,
+            template_kwargs=template_kwargs_text(
+                effort(reasoning_echo["effort"], "reasoning.effort"), "reasoning.effort"
+            ),
         ),
         stream=stream,
         requested_max_tokens=requested,
@@ -259,20 +271,31 @@ def _parse_input(raw: Any) -> tuple[ChatMessage, ...]:
         )
     messages: list[ChatMessage] = []
     call_names: dict[str, str] = {}
+    reasoning = ""
+    """A reasoning item's text, for the assistant turn that follows it."""
     for i, item in enumerate(raw):
         where = f"input[{i}]"
         fields = present(require_object(item, where))
         kind = read_str(fields, "type", where=f"{where}.type") or "message"
+        if kind == "reasoning":
+            reasoning += _reasoning_text(fields, where)
+            continue
         if kind == "message":
-            messages.append(_parse_message(fields, where))
+            message = _parse_message(fields, where)
+            if message.role == "assistant":
+                message, reasoning = attrs.evolve(message, reasoning=reasoning), ""
+            messages.append(message)
         elif kind == "function_call":
             call = _parse_function_call(fields, where)
             call_names[call.id] = call.name
             last = messages[-1] if messages else None
-            if last is not None and last.role == "assistant":
+            if last is not None and last.role == "assistant" and not reasoning:
                 messages[-1] = attrs.evolve(last, tool_calls=(*last.tool_calls, call))
             else:
-                messages.append(ChatMessage("assistant", "", tool_calls=(call,)))
+                messages.append(
+                    ChatMessage("assistant", "", tool_calls=(call,), reasoning=reasoning)
+                )
+                reasoning = ""
         elif kind == "function_call_output":
             call_id = required_str(fields, "call_id", where=f"{where}.call_id")
             if call_id not in call_names:
@@ -298,7 +321,7 @@ def _parse_input(raw: Any) -> tuple[ChatMessage, ...]:
             raise ApiError(
                 400,
                 f"Unsupported input item type {kind!r} in '{where}': only 'message', "
-                "'function_call' and 'function_call_output' items are supported.",
+                "'reasoning', 'function_call' and 'function_call_output' items are supported.",
                 param=f"{where}.type",
                 code="unsupported_value",
             )
@@ -314,6 +337,13 @@ def _parse_message(fields: Mapping[str, Any], where: str) -> ChatMessage:
         )
     text = _text_of(required(fields, "content", where=f"{where}.content"), f"{where}.content")
     return ChatMessage(ROLE_ALIASES.get(role, role), text)
+
+
+def _reasoning_text(fields: Mapping[str, Any], where: str) -> str:
+    """A replayed reasoning item's text: its `content` (or, without one, its `summary`)."""
+    name = "content" if fields.get("content") else "summary"
+    parts = fields.get(name) or []
+    return text_content(parts, f"{where}.{name}", REASONING_TEXT_TYPES)
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -424,17 +454,22 @@ def _check_stream_options(fields: Mapping[str, Any], *, stream: bool) -> None:
     read_bool(options, "include_obfuscation", where="stream_options.include_obfuscation")
 
 
-def _check_reasoning(raw: Any) -> None:
-    """Only an empty `reasoning` is accepted: trexo's models have no reasoning settings."""
+def _parse_reasoning(raw: Any) -> dict[str, Any]:
+    """`reasoning`'s `effort` and `summary`, checked; as the response echoes them."""
     if raw is None:
-        return
+        return {"effort": None, "summary": None}
     fields = present(require_object(raw, "reasoning"))
     for name in fields:
         if name not in REASONING_FIELDS:
             raise unknown(f"reasoning.{name}")
-        raise unsupported(
-            f"reasoning.{name}", "trexo has no reasoning settings; leave 'reasoning' out"
+    summary = read_str(fields, "summary", where="reasoning.summary")
+    summary = summary or read_str(fields, "generate_summary", where="reasoning.generate_summary")
+    if summary is not None and summary not in REASONING_SUMMARIES:
+        raise invalid_value(
+            "reasoning.summary",
+            f"expected one of {', '.join(REASONING_SUMMARIES)}, but got {summary!r} instead",
         )
+    return {"effort": read_str(fields, "effort", where="reasoning.effort"), "summary": summary}
 
 
 def _check_truncation(fields: Mapping[str, Any]) -> None:

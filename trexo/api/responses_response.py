@@ -1,8 +1,10 @@
 """Build OpenAI Responses objects from trexo chunks: the non-streaming response and the
 streamed events (`ResponseEvents`). Pure: no I/O.
 
-The output is a list of items: the assistant's text as one `message` item, and one
-`function_call` item per call (trexo receives each call whole, so one arguments delta holds
+The output is a list of items: a thinking model's reasoning as a `reasoning` item (its
+whole text as `reasoning_text` content, with no summary, as vLLM returns open models'
+reasoning), the assistant's text as one `message` item, and one `function_call` item per
+call (trexo receives each call whole, so one arguments delta holds
 all of it). Item ids derive from the response's id and the item's position.
 
 Finish reasons: "stop" and "tool_calls" complete the response; "length" leaves it
@@ -30,6 +32,7 @@ ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 RESPONSE_OBJECT = "response"
 MESSAGE_ID_PREFIX = "msg_"
+REASONING_ID_PREFIX = "rs_"
 FUNCTION_CALL_ID_PREFIX = "fc_"
 INCOMPLETE_BY_LENGTH = {"reason": "max_output_tokens"}
 
@@ -70,13 +73,28 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
 
 
 def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(item_id: str, text: str | None, status: ItemStatus) -> dict[str, Any]:
+    """A `reasoning` item; `text` None: its content part has not begun."""
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "status": status,
+        "summary": [],
+        "content": [] if text is None else [reasoning_part(text)],
+    }
 
 
 def message_item(item_id: str, text: str | None, status: ItemStatus) -> dict[str, Any]:
@@ -103,12 +121,16 @@ def function_call_item(item_id: str, call: ToolCall, status: ItemStatus) -> dict
 
 
 def output_items(outcome: Outcome, response_id: str) -> list[dict[str, Any]]:
-    """A finished generation's items: its text (when it has some, or made no calls), then
-    its calls."""
+    """A finished generation's items: its reasoning (when it has some), its text (when it
+    has some, or made no calls), then its calls."""
     status = item_status(response_status(outcome.finish_reason))
     items = []
+    if outcome.reasoning:
+        rs_id = item_id(REASONING_ID_PREFIX, response_id, 0)
+        items.append(reasoning_item(rs_id, outcome.reasoning, status))
     if outcome.text or not outcome.tool_calls:
-        items.append(message_item(item_id(MESSAGE_ID_PREFIX, response_id, 0), outcome.text, status))
+        msg_id = item_id(MESSAGE_ID_PREFIX, response_id, len(items))
+        items.append(message_item(msg_id, outcome.text, status))
     for call in outcome.tool_calls:
         fc_id = item_id(FUNCTION_CALL_ID_PREFIX, response_id, len(items))
         items.append(function_call_item(fc_id, call, "completed"))
@@ -162,16 +184,34 @@ def error_object(error: ApiError) -> dict[str, Any]:
     }
 
 
+@attrs.frozen
+class _TextItem:
+    """What a streamed item with one text part is: a message, or reasoning."""
+
+    prefix: str
+    item: Any
+    """`message_item` or `reasoning_item`."""
+    part: Any
+    """`text_part` or `reasoning_part`."""
+    events: str
+    """Its text's delta and done events: `response.<events>.delta`."""
+
+
+MESSAGE = _TextItem(MESSAGE_ID_PREFIX, message_item, text_part, "output_text")
+REASONING = _TextItem(REASONING_ID_PREFIX, reasoning_item, reasoning_part, "reasoning_text")
+
+
 @attrs.define
 class ResponseEvents:
     """Turns one generation's trexo chunks into the Responses API's named stream events,
     each with its `sequence_number`. A `trexo.api.streaming.ChunkEvents`.
 
-    `response.created` and `response.in_progress` open the stream. The text is one message
-    item (added, its content part added, text deltas, then each of them done); each call is
-    one function-call item (added, one arguments delta, done). A call closes an open message
-    item; text after it opens another. `response.completed` (or `response.incomplete`) ends
-    the stream with the whole response.
+    `response.created` and `response.in_progress` open the stream. The reasoning is one
+    reasoning item and the text one message item, each added, its content part added, text
+    deltas (`response.reasoning_text.delta`, `response.output_text.delta`), then each of
+    them done; each call is one function-call item (added, one arguments delta, done). An
+    item of one kind closes the open item of another; text after it opens another.
+    `response.completed` (or `response.incomplete`) ends the stream with the whole response.
     """
 
     request: ResponsesRequest
@@ -180,8 +220,10 @@ class ResponseEvents:
     _sequence: int = attrs.field(default=0, init=False)
     _output: list[dict[str, Any]] = attrs.field(factory=list, init=False)
     """The items done so far."""
-    _text: str | None = attrs.field(default=None, init=False)
-    """The open message item's text; None when no message item is open."""
+    _open: _TextItem | None = attrs.field(default=None, init=False)
+    """The kind of the open item with text; None when none is open."""
+    _text: str = attrs.field(default="", init=False)
+    """The open item's text."""
     _completion_tokens: int = attrs.field(default=0, init=False)
 
     def opening(self) -> list[dict[str, Any]]:
@@ -196,13 +238,11 @@ class ResponseEvents:
             return []
         self._completion_tokens += len(chunk.token_ids)
         events = []
-        if chunk.text:
-            if self._text is None:
-                events += self._open_message()
-            self._text = (self._text or "") + chunk.text
-            events.append(self._text_event("response.output_text.delta", delta=chunk.text))
+        for kind, text in ((REASONING, chunk.reasoning), (MESSAGE, chunk.text)):
+            if text:
+                events += self._add_text(kind, text)
         for call in chunk.tool_calls:
-            events += self._close_message("completed")
+            events += self._close_item("completed")
             events += self._function_call(call)
         if chunk.finish_reason is not None:
             events += self._finish(chunk)
@@ -212,8 +252,8 @@ class ResponseEvents:
         """An `error` event, then `response.failed` with the output so far."""
         self.finished = True
         output = list(self._output)
-        if self._text is not None:
-            output.append(message_item(self._message_id, self._text, "incomplete"))
+        if self._open is not None:
+            output.append(self._open.item(self._item_id, self._text, "incomplete"))
         failed = self._response("failed", output=output, error=error_object(error))
         return [
             self._event("error", code=error.code, message=error.message, param=error.param),
@@ -223,33 +263,41 @@ class ResponseEvents:
     # --- items ---------------------------------------------------------------------------------
 
     @property
-    def _message_id(self) -> str:
-        return item_id(MESSAGE_ID_PREFIX, self.request.response_id, len(self._output))
+    def _item_id(self) -> str:
+        """The id of the item at the next output index (the open one's, when one is open)."""
+        prefix = self._open.prefix if self._open is not None else MESSAGE_ID_PREFIX
+        return item_id(prefix, self.request.response_id, len(self._output))
 
-    def _open_message(self) -> list[dict[str, Any]]:
-        self._text = ""
-        index = len(self._output)
+    def _add_text(self, kind: _TextItem, text: str) -> list[dict[str, Any]]:
+        events = [] if self._open is kind else self._close_item("completed") + self._open_item(kind)
+        self._text += text
+        events.append(self._text_event(f"response.{kind.events}.delta", delta=text))
+        return events
+
+    def _open_item(self, kind: _TextItem) -> list[dict[str, Any]]:
+        self._open, self._text = kind, ""
         return [
             self._event(
                 "response.output_item.added",
-                output_index=index,
-                item=message_item(self._message_id, None, "in_progress"),
+                output_index=len(self._output),
+                item=kind.item(self._item_id, None, "in_progress"),
             ),
-            self._text_event("response.content_part.added", part=text_part("")),
+            self._text_event("response.content_part.added", part=kind.part("")),
         ]
 
-    def _close_message(self, status: ItemStatus) -> list[dict[str, Any]]:
-        if self._text is None:
+    def _close_item(self, status: ItemStatus) -> list[dict[str, Any]]:
+        kind = self._open
+        if kind is None:
             return []
         text, index = self._text, len(self._output)
-        item = message_item(self._message_id, text, status)
+        item = kind.item(self._item_id, text, status)
         events = [
-            self._text_event("response.output_text.done", text=text),
-            self._text_event("response.content_part.done", part=text_part(text)),
+            self._text_event(f"response.{kind.events}.done", text=text),
+            self._text_event("response.content_part.done", part=kind.part(text)),
             self._event("response.output_item.done", output_index=index, item=item),
         ]
         self._output.append(item)
-        self._text = None
+        self._open, self._text = None, ""
         return events
 
     def _function_call(self, call: ToolCall) -> list[dict[str, Any]]:
@@ -274,9 +322,10 @@ class ResponseEvents:
         self.finished = True
         status = response_status(chunk.finish_reason)
         events = []
-        if not self._output and self._text is None:  # an empty answer is an empty message
-            events += self._open_message()
-        events += self._close_message(item_status(status))
+        answered = any(item["type"] != "reasoning" for item in self._output)
+        if not answered and self._open is not MESSAGE:  # an empty answer is an empty message
+            events += self._close_item(item_status(status)) + self._open_item(MESSAGE)
+        events += self._close_item(item_status(status))
         usage = chunk.usage or Usage(0, self._completion_tokens)
         final = self._response(status, output=self._output, usage=usage)
         events.append(self._event(_TERMINAL_EVENTS[status], response=final))
@@ -285,8 +334,8 @@ class ResponseEvents:
     # --- events --------------------------------------------------------------------------------
 
     def _text_event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        """An event about the open message item's one content part."""
-        where = {"item_id": self._message_id, "output_index": len(self._output)}
+        """An event about the open item's one content part."""
+        where = {"item_id": self._item_id, "output_index": len(self._output)}
         if kind.startswith("response.output_text."):
             fields["logprobs"] = []
         return self._event(kind, **where, content_index=0, **fields)

@@ -37,7 +37,7 @@ from mlx_lm.sample_utils import (
 )
 
 from trexo.engine.logprobs import token_logprob
-from trexo.engine.output import OutputReader, Released, output_reader
+from trexo.engine.output import OutputFormat, OutputReader, Released, output_reader
 from trexo.engine.sharding import Sampler, SamplerWrap
 from trexo.engine.structured_output import format_processor
 from trexo.types.chunks import Chunk, FinishReason, TokenLogprob, Usage
@@ -62,6 +62,8 @@ class _Generation:
     reader: OutputReader
     top_logprobs: int | None = None
     generated: int = 0
+    reasoned: int = 0
+    """Of the tokens generated, those of the reasoning (its markers included)."""
 
 
 def check_sampling(params: SamplingParams) -> None:
@@ -137,6 +139,7 @@ class BatchEngine:
         share_tokens: SamplerWrap | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        self._format = OutputFormat.of(tokenizer)
         self._share = share_tokens or (lambda sampler: sampler)
         eos = sorted(getattr(tokenizer, "eos_token_ids", None) or ())
         self._generator: Any = BatchGenerator(
@@ -196,7 +199,7 @@ class BatchEngine:
             len(prompt),
             cached,
             self._detokenizer(request, prompt),
-            output_reader(self._tokenizer, request),
+            output_reader(self._format, self._tokenizer, request, prompt),
             request.logprobs,
         )
         self._uids[request.request_id] = uid
@@ -302,7 +305,11 @@ class BatchEngine:
             detokenizer.add_token(response.token)
         if response.finish_reason is not None:
             detokenizer.finalize()
-        released = generation.reader.feed(detokenizer.last_segment)
+        reader = generation.reader
+        reasoning = reader.reasoning
+        released = reader.feed(detokenizer.last_segment)
+        if reasoning or reader.reasoning:  # in the reasoning, or the marker opening it
+            generation.reasoned += 1
         if released.stopped:
             return self._final(generation, released, token_ids, "stop", logprobs)
         if response.finish_reason is not None:
@@ -315,6 +322,7 @@ class BatchEngine:
             token_ids,
             tool_calls=released.tool_calls,
             logprobs=logprobs,
+            reasoning=released.reasoning,
         )
 
     @staticmethod
@@ -322,12 +330,7 @@ class BatchEngine:
         """`before` and what the last `piece` and the end release (held text, an open call)."""
         released = generation.reader.feed(piece) if piece else NOTHING
         rest = NOTHING if released.stopped else generation.reader.finish()
-        return Released(
-            before.text + released.text + rest.text,
-            before.tool_calls + released.tool_calls + rest.tool_calls,
-            stopped=released.stopped or rest.stopped,
-            stop_sequence=released.stop_sequence or rest.stop_sequence,
-        )
+        return before.then(released).then(rest)
 
     @staticmethod
     def _final(
@@ -341,6 +344,7 @@ class BatchEngine:
             prompt_tokens=generation.prompt_tokens,
             completion_tokens=generation.generated,
             cached_tokens=generation.cached_tokens,
+            reasoning_tokens=generation.reasoned,
         )
         if reason == "stop" and generation.reader.calls_made:
             reason = "tool_calls"
@@ -353,4 +357,5 @@ class BatchEngine:
             tool_calls=released.tool_calls,
             logprobs=logprobs,
             stop_sequence=released.stop_sequence,
+            reasoning=released.reasoning,
         )

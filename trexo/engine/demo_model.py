@@ -5,8 +5,9 @@ byte-level BPE tokenizer trained on the standard library's `pydoc_data.topics` t
 ChatML chat template. Its output is nonsense; what matters is that the same size and seed give
 byte-identical files, so greedy output is the same wherever it is built (with the same Python:
 the training text is the stdlib's, and `corpus_sha256` in `config.json` records which).
-Size "tools" is the exception that means something: its weights are constructed so that its
-greedy output follows a tool-calling script (`trexo.engine.scripted_model`).
+Sizes "tools" and "thinking" are the exceptions that mean something: their weights are
+constructed so that greedy output follows a script, a tool call (`trexo.engine.scripted_model`)
+or a thinking model's reasoning and answer (`trexo.engine.thinking_model`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,9 @@ TOOLS_DEMO_SIZE = "tools"
 output follows a tool-calling script."""
 SCRIPTED_ADDED_TOKENS = 14
 """Tokens the scripted model adds to the BPE's vocabulary (its builder checks the count)."""
+THINKING_DEMO_SIZE = "thinking"
+"""The scripted thinking model (`trexo.engine.thinking_model`): it reasons, then answers."""
+THINKING_ADDED_TOKENS = 9
 
 MAX_POSITION_EMBEDDINGS = 4096
 RMS_NORM_EPS = 1e-5
@@ -97,6 +101,10 @@ DEMO_MODEL_SPECS: Mapping[str, DemoModelSpec] = MappingProxyType(
         # ~72 k parameters, 0.3 MB, one layer and one head: the script's lookup, for tests.
         TOOLS_DEMO_SIZE: DemoModelSpec(
             32, 1, 1, 1, 16, vocab_size=DEMO_VOCAB_SIZE + SCRIPTED_ADDED_TOKENS
+        ),
+        # tools' shape, with the thinking script's tokens.
+        THINKING_DEMO_SIZE: DemoModelSpec(
+            32, 1, 1, 1, 16, vocab_size=DEMO_VOCAB_SIZE + THINKING_ADDED_TOKENS
         ),
     }
 )
@@ -273,7 +281,7 @@ def _build_weights(dest: Path, config: dict[str, Any], seed: int, block_scale: f
 def build_demo_model(
     dest: Path, size: str = DEFAULT_DEMO_SIZE, seed: int = DEFAULT_DEMO_SEED
 ) -> Path:
-    """Build demo model `size` with weights from `seed` (but for the scripted size "tools")
+    """Build demo model `size` with weights from `seed` (but for the scripted sizes)
     into directory `dest`; return `dest`.
 
     Needs no network. The same size and seed give byte-identical files. Writes in place: use
@@ -287,6 +295,11 @@ def build_demo_model(
         from trexo.engine.scripted_model import build_scripted_model
 
         return build_scripted_model(dest, spec, seed)
+    if size == THINKING_DEMO_SIZE:
+        from trexo.engine.scripted_model import build_scripted_model
+        from trexo.engine.thinking_model import THINKING_SCRIPT
+
+        return build_scripted_model(dest, spec, seed, THINKING_SCRIPT)
     corpus = _training_corpus()
     ids = _build_tokenizer(dest, corpus, spec.vocab_size)
     config = _model_config(spec, size, seed, ids[IM_END], _corpus_digest(corpus))
@@ -297,20 +310,25 @@ def build_demo_model(
 def ensure_demo_model(
     models_dir: Path, size: str = DEFAULT_DEMO_SIZE, seed: int = DEFAULT_DEMO_SEED
 ) -> Path:
-    """The demo model's directory under `models_dir`, built on first use.
+    """The demo model's directory under `models_dir`, built on first use (`publish_built`)."""
+    final = Path(models_dir) / demo_model_name(size, seed)
+    return publish_built(final, lambda tmp: build_demo_model(tmp, size, seed))
+
+
+def publish_built(final: Path, build: Callable[[Path], object]) -> Path:
+    """`final`, built by `build(directory)` unless it is there already.
 
     The model is built into a hidden temporary directory beside its final place and renamed
     into place, so neither a concurrent caller nor a crash ever leaves a half-written model
     under the final name. If a concurrent caller publishes first, its (identical) copy wins.
     """
-    final = Path(models_dir) / demo_model_name(size, seed)
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it owner-only
-        build_demo_model(tmp, size, seed)
+        build(tmp)
         try:
             os.rename(tmp, final)
         except OSError:

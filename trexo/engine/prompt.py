@@ -15,6 +15,13 @@ template is given (message content, names, tool and parameter descriptions, a re
 call's arguments) holds a special token's text, each such text is replaced by a placeholder
 before rendering, and tokenized as ordinary text where its placeholder came out.
 
+A request's template variables (`enable_thinking`, `reasoning_effort`, a client's
+`chat_template_kwargs`) are passed to the template as they are to mlx-lm's server, through
+the same placeholders; names the renderer itself takes (`chat_template`, `tokenize`, ...)
+are refused (`trexo.types.generation.template_kwargs_problem`). An assistant turn's replayed
+reasoning is its message's `reasoning_content`, the name Qwen3's and DeepSeek's templates
+read (templates that drop past reasoning ignore it).
+
 The chat template is code from the model's files: whatever it raises on a request's messages
 (stock templates raise on a system turn or on the order of roles) is that request's
 `PromptError`, and it renders within a time budget (`trexo.engine.template_budget`).
@@ -31,10 +38,18 @@ from typing import Any
 
 import jinja2
 
+from trexo import safe_json
 from trexo.config import TEMPLATE_RENDER_TIMEOUT_S
 from trexo.engine.template_budget import TEMPLATE_CODE, TemplateTimeout, template_budget
 from trexo.json_file import BadJsonFile, read_json_object
-from trexo.types.generation import ChatMessage, GenerationRequest, ToolCall, ToolSpec
+from trexo.types.generation import (
+    MAX_TEMPLATE_KWARGS_CHARS,
+    ChatMessage,
+    GenerationRequest,
+    ToolCall,
+    ToolSpec,
+    template_kwargs_problem,
+)
 
 
 class PromptError(ValueError):
@@ -86,6 +101,7 @@ def encode_prompt(
             request.messages,
             template_tools(request),
             continue_final=request.continue_final,
+            template_kwargs=template_kwargs(request),
             render_timeout=render_timeout,
         )
         if forced_tool_call(tokenizer, request):
@@ -121,6 +137,25 @@ def forced_tool_call(tokenizer: Any, request: GenerationRequest) -> bool:
     )
 
 
+def template_kwargs(request: GenerationRequest) -> dict[str, Any]:
+    """The request's chat template variables; `PromptError` if they are not an object of
+    variables a template may be given (a peer's request is checked here, not at an API)."""
+    text = request.template_kwargs
+    if text is None:
+        return {}
+    if len(text) > MAX_TEMPLATE_KWARGS_CHARS:
+        raise PromptError(f"template variables over {MAX_TEMPLATE_KWARGS_CHARS} characters")
+    try:
+        kwargs = safe_json.loads(text)
+    except safe_json.InvalidJson as exc:
+        raise PromptError(f"template variables: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise PromptError("template variables must be a JSON object")
+    if problem := template_kwargs_problem(kwargs):
+        raise PromptError(f"template variables: {problem}")
+    return kwargs
+
+
 def tool_dict(tool: ToolSpec) -> dict[str, Any]:
     function: dict[str, Any] = {"name": tool.name, "parameters": json.loads(tool.parameters)}
     if tool.description is not None:
@@ -134,18 +169,20 @@ def encode_chat(
     tools: list[dict[str, Any]] | None = None,
     *,
     continue_final: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
     render_timeout: float = TEMPLATE_RENDER_TIMEOUT_S,
 ) -> list[int]:
     """The chat template applied to `messages`; control strings a client sent stay text.
 
     `continue_final`: the last (assistant) message is left open for the model to go on,
-    as Hugging Face's `continue_final_message` does, instead of a new turn being opened."""
-    extra: dict[str, Any] = {}
+    as Hugging Face's `continue_final_message` does, instead of a new turn being opened.
+    `template_kwargs`: more variables for the template (checked by `template_kwargs`)."""
+    holders = _Placeholders(special_token_texts(tokenizer))
+    extra: dict[str, Any] = holders.hide(template_kwargs) if template_kwargs else {}
     if continue_final:
         extra.update(add_generation_prompt=False, continue_final_message=True)
     else:
         extra.update(add_generation_prompt=True)
-    holders = _Placeholders(special_token_texts(tokenizer))
     chat = holders.hide(_as_dicts(messages))
     shown_tools = holders.hide(tools) if tools else None
     if shown_tools:
@@ -248,6 +285,8 @@ def _as_dict(message: ChatMessage) -> dict[str, Any]:
         out["tool_call_id"] = message.tool_call_id
     if message.name is not None:
         out["name"] = message.name
+    if message.reasoning:
+        out["reasoning_content"] = message.reasoning
     return out
 
 

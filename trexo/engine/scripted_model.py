@@ -26,6 +26,10 @@ scripted token, and two "marker seen" dims):
   and tools seen" is one unit;
 - the head is the embedding (tied): the MLP writes the next token's one-hot dim, far larger
   than the rest of the residual stream.
+
+The construction takes any `Script` (its tokens, template and lookup): the thinking model's
+(`trexo.engine.thinking_model`) is another, and a family's real chat template with its own
+markers can be scripted the same way.
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import attrs
+
 from trexo.engine.demo_model import (
     DEMO_VOCAB_SIZE,
     IM_END,
-    SCRIPTED_ADDED_TOKENS,
     TOOLS_DEMO_SIZE,
     DemoModelSpec,
     _corpus_digest,
@@ -173,27 +178,53 @@ FINAL_NORM_SCALE = 10.0
 """Scales the logits: the scripted token leads the next by ~50 nats."""
 
 
-def build_scripted_model(dest: Path, spec: DemoModelSpec, seed: int) -> Path:
-    """Build the scripted model into `dest`; the seed is recorded but changes nothing."""
-    if len(ADDED_TOKENS) != SCRIPTED_ADDED_TOKENS:
-        raise RuntimeError(f"the spec expects {SCRIPTED_ADDED_TOKENS} added tokens")
+@attrs.frozen
+class Script:
+    """What a scripted model says, and the files that make it say it: its size's name, the
+    tokens added to the BPE (one per scripted piece), its chat template, and the lookup."""
+
+    size: str
+    added_tokens: tuple[str, ...]
+    chat_template: str
+    bigrams: Mapping[str, str]
+    """The next token after each scripted token (after `NEWLINE`: when no marker was seen)."""
+    markers: Mapping[str, str] = attrs.field(factory=dict)
+    """What follows a newline once the marker was seen (with several, `marker_scores`
+    decides)."""
+    marker_scores: Mapping[str, float] = attrs.field(factory=dict)
+    """Attention logits of the markers (every other token scores 0)."""
+
+
+TOOLS_SCRIPT: Final = Script(
+    TOOLS_DEMO_SIZE, ADDED_TOKENS, TOOLS_CHAT_TEMPLATE, BIGRAMS, MARKERS, MARKER_SCORES
+)
+
+
+def build_scripted_model(
+    dest: Path, spec: DemoModelSpec, seed: int, script: Script = TOOLS_SCRIPT
+) -> Path:
+    """Build the model of `script` into `dest`; the seed is recorded but changes nothing."""
+    if DEMO_VOCAB_SIZE + len(script.added_tokens) != spec.vocab_size:
+        raise RuntimeError(f"the spec expects {spec.vocab_size - DEMO_VOCAB_SIZE} added tokens")
     corpus = _training_corpus()
-    tokenizer = _train_tokenizer(corpus, DEMO_VOCAB_SIZE, ADDED_TOKENS)
+    tokenizer = _train_tokenizer(corpus, DEMO_VOCAB_SIZE, script.added_tokens)
     if tokenizer.get_vocab_size() != spec.vocab_size:
         raise RuntimeError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens, not the spec's")
-    ids = _write_tokenizer(dest, tokenizer, TOOLS_CHAT_TEMPLATE)
-    token_ids = {token: _token_id(tokenizer, token) for token in (IM_END, *ADDED_TOKENS)}
+    ids = _write_tokenizer(dest, tokenizer, script.chat_template)
+    token_ids = {token: _token_id(tokenizer, token) for token in (IM_END, *script.added_tokens)}
     newline = tokenizer.encode(NEWLINE).ids
     if len(newline) != 1:
         raise RuntimeError("the newline is not one token")
     token_ids[NEWLINE] = newline[0]
-    config = _model_config(spec, TOOLS_DEMO_SIZE, seed, ids[IM_END], _corpus_digest(corpus))
+    config = _model_config(spec, script.size, seed, ids[IM_END], _corpus_digest(corpus))
     config["rope_theta"] = ROPE_THETA
-    _save_weights(dest, config, _weights(spec, token_ids))
+    _save_weights(dest, config, _weights(spec, token_ids, script))
     return dest
 
 
-def _weights(spec: DemoModelSpec, token_ids: Mapping[str, int]) -> dict[str, mx.array]:
+def _weights(
+    spec: DemoModelSpec, token_ids: Mapping[str, int], script: Script
+) -> dict[str, mx.array]:
     """The constructed parameters, by their mlx-lm llama names."""
     import mlx.core as mx
 
@@ -201,7 +232,7 @@ def _weights(spec: DemoModelSpec, token_ids: Mapping[str, int]) -> dict[str, mx.
     if spec.num_hidden_layers != 1 or spec.num_attention_heads != 1:
         raise ValueError("the construction is for one layer with one attention head")
     dim = {token: 1 + index for index, token in enumerate(token_ids)}
-    seen = {marker: 1 + len(dim) + index for index, marker in enumerate(MARKERS)}
+    seen = {marker: 1 + len(dim) + index for index, marker in enumerate(script.markers)}
     if 1 + len(dim) + len(seen) > hidden:
         raise ValueError(f"hidden size {hidden} is too small for the script")
 
@@ -217,7 +248,7 @@ def _weights(spec: DemoModelSpec, token_ids: Mapping[str, int]) -> dict[str, mx.
     slow = hidden // 2 - 1
     q_proj, k_proj, v_proj, o_proj = (mx.zeros((hidden, hidden)) for _ in range(4))
     q_proj[slow, BIAS_DIM] = 1.0
-    for marker, score in MARKER_SCORES.items():
+    for marker, score in script.marker_scores.items():
         # q . k / sqrt(head_dim) == score, for a scripted token's query
         k_proj[slow, dim[marker]] = score * math.sqrt(hidden) / normed**2
         v_proj[seen[marker], dim[marker]] = 1.0 / normed  # "seen" ~1, like the bias dim
@@ -226,10 +257,10 @@ def _weights(spec: DemoModelSpec, token_ids: Mapping[str, int]) -> dict[str, mx.
     gate, up = mx.zeros((units, hidden)), mx.zeros((units, hidden))
     down = mx.zeros((hidden, units))
     votes_by_unit: list[tuple[str | None, int, Mapping[str, float]]] = [
-        *((token, BIAS_DIM, {successor: 1.0}) for token, successor in BIGRAMS.items()),
+        *((token, BIAS_DIM, {successor: 1.0}) for token, successor in script.bigrams.items()),
         *(
-            (NEWLINE, seen[marker], {answer: MARKER_VOTE, BIGRAMS[NEWLINE]: -MARKER_VOTE})
-            for marker, answer in MARKERS.items()
+            (NEWLINE, seen[marker], {answer: MARKER_VOTE, script.bigrams[NEWLINE]: -MARKER_VOTE})
+            for marker, answer in script.markers.items()
         ),
         (None, BIAS_DIM, {IM_END: DEFAULT_VOTE}),
     ]

@@ -18,6 +18,8 @@ class Usage:
     completion_tokens: int
     cached_tokens: int = 0
     """Of the prompt tokens, how many came from the runner's prompt cache (not prefilled)."""
+    reasoning_tokens: int = 0
+    """Of the completion tokens, how many were the model's reasoning (its think block)."""
 
     @property
     def total_tokens(self) -> int:
@@ -46,9 +48,11 @@ class TokenLogprob:
 class Chunk:
     """A piece of one request's output. The last chunk has `finish_reason` and `usage` set.
 
-    `text` is what the model said; `tool_calls` are calls it completed in this piece (parsed
-    out of its text, which then does not hold them). `logprobs`, when asked for, has one
-    entry per token in `token_ids`.
+    `text` is what the model said; `reasoning` what it thought before saying it (a thinking
+    model's think block, apart from its answer); `tool_calls` are calls it completed in this
+    piece (parsed out of its text, which then does not hold them). In a piece, the reasoning
+    comes first, then the text, then the calls. `logprobs`, when asked for, has one entry per
+    token in `token_ids`.
     """
 
     request_id: RequestId
@@ -60,3 +64,4 @@ class Chunk:
     logprobs: tuple[TokenLogprob, ...] = ()
     stop_sequence: str | None = None
     """On a final chunk: the request's stop sequence that ended the output, if one did."""
+    reasoning: str = ""

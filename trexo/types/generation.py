@@ -8,7 +8,9 @@ arguments, a response schema) travel as JSON text: hashable, and opaque to the w
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from collections.abc import Mapping
+from typing import Any, Final, Literal
 
 import attrs
 
@@ -17,6 +19,50 @@ from trexo.types.ids import RequestId
 DEFAULT_MAX_TOKENS = 256
 MAX_TOP_LOGPROBS = 20
 """OpenAI's limit on `top_logprobs`."""
+
+MAX_TEMPLATE_KWARGS_CHARS = 4096
+"""The JSON text of a request's chat template variables: room for many switches (a Qwen3
+`enable_thinking`, a gpt-oss `reasoning_effort`), not for a payload the template would
+render on every request."""
+TEMPLATE_KWARG_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+RESERVED_TEMPLATE_KWARGS: Final = frozenset(
+    {
+        # what Hugging Face's `apply_chat_template` takes itself: how to render, not a
+        # variable (`chat_template` would swap the model's template for the client's)
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        # what transformers gives every template: the special tokens and its helpers
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "sep_token",
+        "pad_token",
+        "cls_token",
+        "mask_token",
+        "additional_special_tokens",
+        "raise_exception",
+        "strftime_now",
+    }
+)
+TYPED_TEMPLATE_KWARGS: Final[Mapping[str, tuple[type, str]]] = {
+    "enable_thinking": (bool, "a boolean"),
+    "reasoning_effort": (str, "a string"),
+}
+"""The switches templates read by these names (Qwen3, DeepSeek, gpt-oss), and their types."""
 
 ToolChoiceMode = Literal["auto", "none", "required", "function"]
 ResponseFormatKind = Literal["json_object", "json_schema"]
@@ -44,6 +90,9 @@ class ChatMessage:
     """A tool turn: the call it answers."""
     name: str | None = None
     """A tool turn: the function that answered (some chat templates render it)."""
+    reasoning: str = ""
+    """An assistant turn's reasoning (its think block), replayed: templates that keep it
+    render it as `reasoning_content`."""
 
 
 @attrs.frozen
@@ -117,6 +166,10 @@ class GenerationRequest:
     continue_final: bool = False
     """The last message is an assistant turn the model goes on writing (Anthropic's
     "prefill"), not a finished one; the answer is what it adds."""
+    template_kwargs: str | None = None
+    """Variables for the chat template besides the messages and tools (`enable_thinking`,
+    `reasoning_effort`, a client's `chat_template_kwargs`), as the JSON text of an object
+    (`template_kwargs_problem` says what one may hold)."""
 
     def __attrs_post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -132,3 +185,21 @@ class GenerationRequest:
     def parses_tool_calls(self) -> bool:
         """Whether the model is offered tools, so its calls are parsed out of its text."""
         return bool(self.tools) and self.tool_choice.mode != "none"
+
+
+def template_kwargs_problem(kwargs: Mapping[str, Any]) -> str | None:
+    """What is wrong with `kwargs` as a request's chat template variables, or None.
+
+    Names are identifiers, none of them one `apply_chat_template` or transformers reserves;
+    the known switches have their types; the whole is at most `MAX_TEMPLATE_KWARGS_CHARS`
+    of JSON text (the caller checks that, having written it)."""
+    for name, value in kwargs.items():
+        if not isinstance(name, str) or not TEMPLATE_KWARG_NAME.fullmatch(name):
+            return f"{name!r} is not a template variable's name (letters, digits, underscores)"
+        if name in RESERVED_TEMPLATE_KWARGS:
+            return f"{name!r} is not a template variable: the chat template's renderer sets it"
+        if name in TYPED_TEMPLATE_KWARGS:
+            kind, described = TYPED_TEMPLATE_KWARGS[name]
+            if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+                return f"{name!r} must be {described}"
+    return None
