@@ -19,6 +19,7 @@ from mlx_lm.utils import load_model, load_tokenizer
 
 from trexo.config import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_STEP_TOKENS
 from trexo.engine.batch import BatchEngine
+from trexo.engine.batch_limits import batch_limit
 from trexo.engine.prompt import encode_prompt, read_context_length
 from trexo.engine.sharding import Sampler, SamplerWrap, shard_model
 from trexo.hub.files import WEIGHT_INDEX, missing_weight_files
@@ -204,11 +205,13 @@ class Engine:
     def batch(
         self, *, max_batch: int = DEFAULT_MAX_BATCH, prompt_cache_bytes: int = 0
     ) -> BatchEngine:
-        """A `BatchEngine` over this model: generations stepped together."""
+        """A `BatchEngine` over this model: generations stepped together (at most
+        `max_batch`, fewer for an architecture whose batched step is wrong in mlx-lm:
+        `trexo.engine.batch_limits`)."""
         return BatchEngine(
             self._model,
             self._tokenizer,
-            max_batch=max_batch,
+            max_batch=batch_limit(self._model, max_batch),
             prefill_step=self._prefill_step,
             prompt_cache_bytes=prompt_cache_bytes,
             share_tokens=self._share_tokens,
