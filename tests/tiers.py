@@ -1,7 +1,8 @@
 """The test tiers, in one place.
 
 A test is **slow** when it starts a process — a `trexo run` node, a runner, a download
-process, `ip` for a lab of hosts, a browser, curl — or uses a fixture that did. Everything
+process, `ip` for a lab of hosts, a browser, curl — or uses a fixture that did, or when it
+is a long matrix (every zoo architecture split every way: minutes of CPU). Everything
 else is **fast**: pure cores, services on `MockClock`, in-process sockets and nodes, the HTTP
 layer over `FakeNode`, an engine loaded in the test's own process.
 
@@ -40,6 +41,8 @@ SLOW_PATHS = (
     "tests/engine/test_blas_setup.py",  # a fresh interpreter per check
     "tests/test_schema_guard.py",  # a JSON schema compiler process per schema
     "tests/zoo/test_zoo_serving.py",  # a `trexo run` per zoo model
+    "tests/zoo/test_zoo_pipeline_ranks.py",  # runner processes, one per rank
+    "tests/zoo/test_zoo_pipeline.py",  # the matrix: every architecture over 2 and 3 ranks
 )
 
 SHARED_SCOPES = ("module", "package", "session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypedDict, TypeGuard
 
 from trexo.engine.demo_model import (
     DEFAULT_DEMO_SIZE,
@@ -13,6 +13,7 @@ from trexo.engine.demo_model import (
     demo_model_name,
     ensure_demo_model,
 )
+from trexo.engine.pipeline_cuts import limited_cuts
 from trexo.errors import ModelNotFound
 from trexo.json_file import read_json_object
 from trexo.types.models import DEMO_SOURCE_PREFIX, ModelLayout, ModelRef
@@ -65,6 +66,14 @@ def local_model_ref(path: Path) -> ModelRef:
     )
 
 
+class WeightShares(TypedDict, total=False):
+    """`ModelLayout`'s weight shares (`weight_shares`)."""
+
+    embedding_fraction: float
+    head_fraction: float
+    blocks_fraction: float
+
+
 def read_layout(config_path: Path) -> ModelLayout | None:
     """The layout in an mlx-lm `config.json`; None if it is unreadable or lacks a field."""
     try:
@@ -91,13 +100,22 @@ def layout_of(config: Mapping[str, Any]) -> ModelLayout | None:
         return None
     n_layers, n_heads, n_kv_heads, intermediate_size = counts
     hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
-    shares: dict[str, float] = {}
+    shares: WeightShares = {}
     if _is_count(hidden) and _is_count(vocab):
         tied = config.get("tie_word_embeddings", False) is True
         shares = weight_shares(
             hidden, vocab, n_layers, n_heads, n_kv_heads, intermediate_size, tied=tied
         )
-    return ModelLayout(n_layers, n_heads, n_kv_heads, intermediate_size, **shares)
+    cuts, because = limited_cuts(config) or (None, "")
+    return ModelLayout(
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        intermediate_size,
+        **shares,
+        pipeline_cuts=cuts,
+        cuts_limited_because=because,
+    )
 
 
 def weight_shares(
@@ -109,7 +127,7 @@ def weight_shares(
     intermediate_size: int,
     *,
     tied: bool,
-) -> dict[str, float]:
+) -> WeightShares:
     """`ModelLayout`'s shares of a llama-shaped decoder's parameters: the embedding (a
     pipeline's rank 0), the final norm and head (its last rank; a tied head is the
     embedding again), and the blocks. An estimate for other shapes (mixtures of experts put

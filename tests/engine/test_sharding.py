@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
 from trexo.engine.engine import Engine
-from trexo.engine.sharding import PipelineEdge, hostfile_entries, shard_model
+from trexo.engine.sharding import PipelineEdge, SkippedBlock, hostfile_entries, shard_model
 from trexo.types.generation import ChatMessage, GenerationRequest, SamplingParams
 from trexo.types.ids import RequestId
 from trexo.types.shard import ShardSpec
@@ -107,14 +107,25 @@ def test_stand_ins_give_what_the_model_code_expects_without_weights(varied_model
     assert not mx.any(logits).item()
 
 
-def test_pipeline_keeps_only_its_layers_and_wraps_the_edges(varied_model: Path) -> None:
+def test_pipeline_keeps_its_layers_at_their_global_indices_and_wraps_the_edges(
+    varied_model: Path,
+) -> None:
     model, config = lazy(varied_model)
     shard_model(model, config, ShardSpec(1, 3, 1, 3), FakeWorld(1, 3))
     layers = model.model.layers
-    assert len(layers) == 2
-    assert all(isinstance(layer, PipelineEdge) for layer in layers)
-    assert layers[0].use_sliding is False  # the block's own attributes show through
-    assert len(model.make_cache()) == 2  # the KV cache follows the local layers
+    assert len(layers) == N_LAYERS  # every index as in the whole model
+    assert [type(layer) for layer in layers] == [
+        SkippedBlock,
+        PipelineEdge,
+        PipelineEdge,
+        SkippedBlock,
+    ]
+    assert layers[1].use_sliding is False  # the block's own attributes show through
+    assert {name.split(".")[2] for name in parameter_names(model) if ".layers." in name} == {
+        "1",
+        "2",
+    }
+    assert len(model.make_cache()) == N_LAYERS  # caches too: a skipped block advances its own
 
 
 @pytest.mark.parametrize(

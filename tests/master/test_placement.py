@@ -205,6 +205,25 @@ def test_a_pipeline_share_that_does_not_fit_is_refused_with_its_numbers() -> Non
     )
 
 
+def test_a_pipeline_cuts_only_where_the_architecture_allows() -> None:
+    # KV-shared blocks (gemma 4) must stay with the blocks they read: cuts before 1 or 2 only.
+    limited = attrs.evolve(
+        LAYOUT, n_layers=6, pipeline_cuts=(1, 2), cuts_limited_because="KV sharing"
+    )
+    model = ModelRef("shared-kv", "demo:s", MiB, layout=limited)
+    state = cluster(a=GiB, b=GiB, c=GiB, d=GiB)
+    two = place(state, model, new_id=counter(), sharding="pipeline", node_count=2)
+    assert [a.shard.layer_count for a in two.assignments] == [2, 4]  # not the even 3 and 3
+    three = place(state, model, new_id=counter(), sharding="pipeline", node_count=3)
+    assert [a.shard.layer_count for a in three.assignments] == [1, 1, 4]
+    short = refusal(try_place(state, model, new_id=counter(), sharding="pipeline", node_count=4))
+    assert short == Infeasible(
+        RefusalKind.UNSHARDABLE,
+        "model shared-kv can be cut as a pipeline only before blocks 1, 2 (KV sharing): "
+        "too few cuts for 4 nodes",
+    )
+
+
 def test_more_nodes_than_layers_is_unshardable() -> None:
     tiny = ModelRef("two-layers", "demo:t", MiB, layout=ModelLayout(2, 4, 2, 256))
     state = cluster(a=GiB, b=GiB, c=GiB)

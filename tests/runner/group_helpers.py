@@ -46,7 +46,8 @@ def loopback_group(world_size: int, epoch: int = 0) -> RankGroup:
 
 
 def layer_count(model_dir: Path) -> int:
-    return int(json.loads((model_dir / "config.json").read_text())["num_hidden_layers"])
+    config = json.loads((model_dir / "config.json").read_text())
+    return int((config.get("text_config") or config)["num_hidden_layers"])
 
 
 def rank_shards(n_layers: int, world_size: int, sharding: Sharding) -> list[ShardSpec]:

@@ -22,16 +22,21 @@ from trexo.engine.zoo import (
     zoo_model_name,
 )
 from trexo.engine.zoo_archs import SLIDING_WINDOW, ZOO_ARCH_NAMES, ZOO_ARCHS
-from trexo.types.generation import ChatMessage, GenerationRequest, SamplingParams
-from trexo.types.ids import RequestId
 
-from .models import LONG_QUESTION, QUANTIZED_ARCHS, ZooModels, chat_prompt, greedy
+from .models import (
+    BATCH_QUESTIONS,
+    LONG_QUESTION,
+    QUANTIZED_ARCHS,
+    ZooModels,
+    batched_greedy,
+    chat_prompt,
+    greedy,
+)
 
 MAX_TOKENS = 64
 MIN_DISTINCT = 16
 """Distinct tokens in 64 greedy ones: far from a collapse to one repeated token (every zoo
 model gives 22 or more; README, "The demo model")."""
-BATCH_QUESTIONS = (LONG_QUESTION, "What is a generator?", "Hi", "Tell me about decorators.")
 BATCH_TOKENS = 16
 MODULE_OF = {"mistral": "llama"}
 """mlx-lm's `MODEL_REMAPPING`: Mistral's `model_type` loads llama's module."""
@@ -95,24 +100,11 @@ def test_trexos_engine_batches_every_arch_as_mlx_lm_answers_alone(
     zoo_models: ZooModels, arch: str
 ) -> None:
     engine = Engine.load(zoo_models(arch), prefill_step=16)  # prompts span several chunks
-    requests = [
-        GenerationRequest(
-            RequestId(f"r{k}"),
-            messages=(ChatMessage("user", question),),
-            params=SamplingParams(max_tokens=BATCH_TOKENS, temperature=0.0),
-        )
-        for k, question in enumerate(BATCH_QUESTIONS)
-    ]
-    batch = engine.batch(max_batch=len(requests))
-    together: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    for request in requests:
-        batch.add(request, engine.admit(request))
-    while batch:
-        for chunk in batch.step():
-            together[chunk.request_id] += chunk.token_ids
-    for request, question in zip(requests, BATCH_QUESTIONS, strict=True):
+    batch = engine.batch(max_batch=len(BATCH_QUESTIONS))
+    together = batched_greedy(batch, engine.admit, BATCH_QUESTIONS, BATCH_TOKENS)
+    for tokens, question in zip(together, BATCH_QUESTIONS, strict=True):
         alone = greedy(engine.model, engine.tokenizer, question, BATCH_TOKENS)
-        assert together[request.request_id] == alone.tokens, question
+        assert tokens == alone.tokens, question
 
 
 def test_names_say_the_arch_the_variant_and_a_nonzero_seed() -> None:

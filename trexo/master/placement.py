@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from trexo.config import PLACEMENT_MEMORY_OVERHEAD
+from trexo.engine.pipeline_cuts import fit_shares
 from trexo.errors import PlacementRefused
 from trexo.types.commands import PlacementSharding
 from trexo.types.ids import InstanceId, NodeId, RunnerId
@@ -167,6 +168,16 @@ def pipeline_plan(
             f"too few to split across {len(nodes)} nodes",
         )
     shares = split_layers(n_layers, [free.get(n, 0) for n in nodes])
+    if model.layout.pipeline_cuts is not None:
+        fitted = fit_shares(shares, model.layout.pipeline_cuts)
+        if fitted is None:
+            return Infeasible(
+                RefusalKind.UNSHARDABLE,
+                f"model {model.model_id} can be cut as a pipeline only before blocks "
+                f"{', '.join(map(str, model.layout.pipeline_cuts)) or '(none)'} "
+                f"({model.layout.cuts_limited_because}): too few cuts for {len(nodes)} nodes",
+            )
+        shares = fitted
     plan: list[RankPlan] = []
     start = 0
     for rank, (node_id, share) in enumerate(zip(nodes, shares, strict=True)):

@@ -30,6 +30,11 @@ class ModelLayout:
     holds besides its layers; a head tied to the embedding counts the embedding again."""
     blocks_fraction: float = 1.0
     """Share of the weights in the blocks, split among a pipeline's ranks by their layers."""
+    pipeline_cuts: tuple[int, ...] | None = None
+    """The blocks before which a pipeline may cut, where the architecture limits them
+    (`trexo.engine.pipeline_cuts`); None: before any block."""
+    cuts_limited_because: str = ""
+    """Why only `pipeline_cuts`."""
 
 
 @attrs.frozen
