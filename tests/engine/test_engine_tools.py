@@ -13,6 +13,7 @@ import pytest
 from trexo.engine.engine import Engine
 from trexo.engine.scripted_model import (
     SCRIPTED_PLAIN_ANSWER,
+    SCRIPTED_TOOL,
     SCRIPTED_TOOL_ARGUMENTS,
     SCRIPTED_TOOL_NAME,
     SCRIPTED_TOOL_RESULT_ANSWER,
@@ -30,11 +31,7 @@ from trexo.types.generation import (
 from trexo.types.ids import RequestId
 
 RID = RequestId("tools-1")
-WEATHER = ToolSpec(
-    SCRIPTED_TOOL_NAME,
-    "The weather in a city",
-    json.dumps({"type": "object", "properties": {"city": {"type": "string"}}}),
-)
+WEATHER = SCRIPTED_TOOL
 ASK = ChatMessage("user", "What is the weather in Paris?")
 
 

@@ -22,6 +22,7 @@ from trexo.engine.batch import BatchEngine
 from trexo.engine.batch_limits import batch_limit
 from trexo.engine.prompt import encode_prompt, read_context_length
 from trexo.engine.sharding import Sampler, SamplerWrap, shard_model
+from trexo.engine.tool_parsers import ToolFormat
 from trexo.hub.files import WEIGHT_INDEX, missing_weight_files
 from trexo.json_file import BadJsonFile, read_json_object
 from trexo.types.chunks import Chunk, Usage
@@ -84,6 +85,7 @@ class Engine:
         self._model = model
         self._share_tokens = share_tokens
         self._tokenizer = tokenizer
+        self._tool_format = ToolFormat.of(tokenizer)
         self._model_dir = model_dir
         self._prefill_step = prefill_step
         self.context_length = read_context_length(model_dir)
@@ -188,9 +190,9 @@ class Engine:
         params = request.params
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, not {params.max_tokens}")
-        if request.parses_tool_calls and not getattr(self._tokenizer, "has_tool_calling", False):
+        if request.parses_tool_calls and self._tool_format is None:
             raise ValueError(
-                "this model's chat template has no tool-call format mlx-lm knows, "
+                "this model's chat template has no tool-call format trexo knows, "
                 "so it cannot be offered tools"
             )
         if request.logprobs is not None and self._share_tokens is not None:

@@ -11,7 +11,11 @@ all from the tokenizer (`TokenizerWrapper.think_start`/`think_end`, `tool_call_s
 `TextStateMachine`, which strips the markers and holds back text that could begin one. Both
 are reused here, not rewritten, with mlx-lm's states: "normal" is the answer, "reasoning"
 the reasoning, "tool" a call's text; text in any other state (a header) is dropped, as
-mlx-lm's server drops it.
+mlx-lm's server drops it. For the families mlx-lm has no parser for (Llama 3, DeepSeek V3,
+gpt-oss, Command R, Gemma 2 / 3, Phi-4-mini), `trexo.engine.tool_parsers` gives the same:
+markers, a parser, and where needed a response format. A call written with no marker at
+all, as the whole answer (Llama 3's JSON, Gemma's list), is recognised by how the answer
+begins, and held until the output ends.
 
 Only chat output is split: a text completion (a raw prompt) is the text as generated. The
 output starts in reasoning when the prompt ends inside a think block its template opened
@@ -38,7 +42,9 @@ from typing import Any
 import attrs
 from mlx_lm.generate import TextStateMachine
 
+from trexo.engine.prompt import forced_tool_call, template_tools
 from trexo.engine.stops import StopMatcher
+from trexo.engine.tool_parsers import ToolFormat, tool_family
 from trexo.types.generation import GenerationRequest, ToolCall
 from trexo.types.ids import new_id
 
@@ -93,23 +99,6 @@ Part = Said | ToolCall
 
 
 @attrs.frozen
-class ToolFormat:
-    """How a model writes calls: its markers and mlx-lm's parser for what is between them."""
-
-    start: str
-    end: str
-    parser: Any
-    """`parse_tool_call(text, tools) -> dict | list[dict]` of an mlx-lm tool parser."""
-
-    @classmethod
-    def of(cls, tokenizer: Any) -> ToolFormat | None:
-        """The format of mlx-lm's `TokenizerWrapper`; None if it knows of none."""
-        if not getattr(tokenizer, "has_tool_calling", False):
-            return None
-        return cls(tokenizer.tool_call_start, tokenizer.tool_call_end or "", tokenizer.tool_parser)
-
-
-@attrs.frozen
 class OutputFormat:
     """Where a model's output switches channel: the markers its tokenizer knows. Read once
     per model; each request's machine is built from it (`transitions`)."""
@@ -131,11 +120,15 @@ class OutputFormat:
         if getattr(tokenizer, "has_thinking", False):
             think = (tokenizer.think_start, tokenizer.think_end)
         response = getattr(tokenizer, "response_transitions", None) or {}
+        initial = getattr(tokenizer, "response_initial_state", None) or NORMAL
+        family_format = getattr(tool_family(tokenizer), "RESPONSE_FORMAT", None)
+        if not response and family_format is not None:  # harmony, Command R7B
+            response, initial = family_format["transitions"], family_format["initial_state"]
         return cls(
             think,
             ToolFormat.of(tokenizer),
             {state: tuple(edges) for state, edges in response.items()},
-            getattr(tokenizer, "response_initial_state", None) or NORMAL,
+            initial,
             tuple(getattr(tokenizer, "structural_markers", None) or ()),
         )
 
@@ -173,10 +166,13 @@ class ToolCalls:
         self._single = single_call
         self.calls_made = 0
 
-    def parse(self, text: str, *, closed: bool) -> list[Part]:
+    def parse(self, text: str, *, closed: bool, marked: bool = True) -> list[Part]:
         """The calls in `text` (what was between the markers; `closed`: the end marker was
-        written), or the text as written if it holds no valid call."""
-        raw = self.format.start + text + (self.format.end if closed else "")
+        written; not `marked`: a bare call, written with no markers), or the text as
+        written if it holds no valid call."""
+        raw = text
+        if marked:
+            raw = self.format.start + text + (self.format.end if closed else "")
         try:
             parsed = self.format.parser(text, self._tools)
             calls = [self._call(item) for item in _as_list(parsed)]
@@ -225,6 +221,11 @@ class OutputSplitter:
         """Leading whitespace is dropped: a think block has just opened or closed."""
         self._space = ""
         """The reasoning's trailing whitespace, released only if more reasoning follows."""
+        self._undecided = calls is not None and bool(calls.format.bare_start) and initial == NORMAL
+        """The answer may yet be a bare call: it is only whitespace so far (`_lead`)."""
+        self._lead = ""
+        self._in_bare = False
+        """The answer is a bare call (its text in `_call_text`), parsed when the output ends."""
 
     @property
     def state(self) -> str:
@@ -251,6 +252,12 @@ class OutputSplitter:
             text, self._call_text = self._call_text, ""
             if text.strip():
                 out += self._calls.parse(text, closed=not self._calls.format.end)
+        if self._in_bare and self._calls is not None:
+            text, self._call_text, self._in_bare = self._call_text, "", False
+            out += self._calls.parse(text, closed=True, marked=False)
+        elif self._lead:
+            out.append(Said(self._lead))
+        self._undecided, self._lead = False, ""
         return out
 
     def _parts(self, before: str, segments: list[tuple[str, str]]) -> list[Part]:
@@ -264,6 +271,8 @@ class OutputSplitter:
                 out += self._reasoning(text)
             elif state == IN_CALL and self._calls is not None:
                 self._call_text += text
+            elif state == NORMAL and (self._undecided or self._in_bare):
+                out += self._bare(text)
             elif state in (NORMAL, IN_CALL) and (text := self._trimmed(text)):
                 out.append(Said(text))  # (no calls parsed: a call's text is answer text)
             # any other state is a response format's header: dropped
@@ -271,6 +280,7 @@ class OutputSplitter:
 
     def _switch(self, previous: str, state: str) -> list[Part]:
         """What leaving `previous` for `state` completes: a call that ended."""
+        self._undecided = False  # a marker came first: the answer is no bare call
         if state == REASONING or previous == REASONING:
             self._trim = True
             self._space = ""
@@ -278,6 +288,23 @@ class OutputSplitter:
             return []
         text, self._call_text = self._call_text, ""
         return self._calls.parse(text, closed=True)
+
+    def _bare(self, text: str) -> list[Part]:
+        """Answer text while it may be, or is, a bare call: held until how it begins says
+        which."""
+        assert self._calls is not None
+        if self._in_bare:
+            self._call_text += text
+            return []
+        self._lead += text
+        start, body = self._calls.format.bare_start, self._lead.lstrip()
+        if len(body) < len(start) and start.startswith(body):
+            return []  # it may yet begin a call
+        lead, self._lead, self._undecided = self._lead, "", False
+        if body.startswith(start):
+            self._in_bare, self._call_text = True, body
+            return []
+        return [Said(lead)]
 
     def _reasoning(self, text: str) -> list[Part]:
         text = self._trimmed(text)
@@ -372,8 +399,6 @@ def output_reader(
 ) -> OutputReader:
     """The reader of `request`'s output, from a model with `tokenizer` (whose format is
     `output_format`), after `prompt` (the request's encoded prompt)."""
-    from trexo.engine.prompt import forced_tool_call, template_tools
-
     stops = request.params.stop
     if request.messages is None:
         return OutputReader(stops)  # a text completion: the text as generated

@@ -29,6 +29,7 @@ The chat template is code from the model's files: whatever it raises on a reques
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -41,6 +42,7 @@ import jinja2
 from trexo import safe_json
 from trexo.config import TEMPLATE_RENDER_TIMEOUT_S
 from trexo.engine.template_budget import TEMPLATE_CODE, TemplateTimeout, template_budget
+from trexo.engine.tool_parsers import ToolFormat, tool_family
 from trexo.json_file import BadJsonFile, read_json_object
 from trexo.types.generation import (
     MAX_TEMPLATE_KWARGS_CHARS,
@@ -105,7 +107,9 @@ def encode_prompt(
             render_timeout=render_timeout,
         )
         if forced_tool_call(tokenizer, request):
-            ids += _encode(tokenizer, tokenizer.tool_call_start, split_special=False)
+            tool_format = ToolFormat.of(tokenizer)
+            assert tool_format is not None
+            ids += _encode(tokenizer, tool_format.start, split_special=False)
         return ids
     assert request.prompt is not None
     # As mlx-lm does for text prompts: add BOS unless the prompt already starts with it.
@@ -128,13 +132,15 @@ def template_tools(request: GenerationRequest) -> list[dict[str, Any]] | None:
 
 def forced_tool_call(tokenizer: Any, request: GenerationRequest) -> bool:
     """Whether the prompt ends inside a tool call: the request demands a call and the
-    tokenizer knows how its model starts one."""
-    return (
+    model's tool format (`trexo.engine.tool_parsers.ToolFormat`) can start one."""
+    if not (
         request.parses_tool_calls
         and not request.continue_final  # the model is mid-turn: it may call, or go on
         and request.tool_choice.mode in ("required", "function")
-        and bool(getattr(tokenizer, "has_tool_calling", False))
-    )
+    ):
+        return False
+    tool_format = ToolFormat.of(tokenizer)
+    return tool_format is not None and tool_format.forcible
 
 
 def template_kwargs(request: GenerationRequest) -> dict[str, Any]:
@@ -183,7 +189,12 @@ def encode_chat(
         extra.update(add_generation_prompt=False, continue_final_message=True)
     else:
         extra.update(add_generation_prompt=True)
-    chat = holders.hide(_as_dicts(messages))
+    family = tool_family(tokenizer)
+    plain = _as_dicts(messages, bool(getattr(family, "replayed_arguments_as_text", False)))
+    in_messages = getattr(family, "template_messages", None)
+    if in_messages is not None:  # a template that renders no tools, calls or results
+        plain, tools = in_messages(plain, tools), None
+    chat = holders.hide(plain)
     shown_tools = holders.hide(tools) if tools else None
     if shown_tools:
         extra["tools"] = shown_tools
@@ -272,15 +283,15 @@ def special_token_texts(tokenizer: Any) -> frozenset[str]:
     return frozenset(t for t in texts if t)
 
 
-def _as_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    return [_as_dict(m) for m in messages]
+def _as_dicts(messages: Sequence[ChatMessage], arguments_as_text: bool) -> list[dict[str, Any]]:
+    return [_as_dict(m, arguments_as_text) for m in messages]
 
 
-def _as_dict(message: ChatMessage) -> dict[str, Any]:
+def _as_dict(message: ChatMessage, arguments_as_text: bool = False) -> dict[str, Any]:
     """A message as chat templates read it (Hugging Face's convention, as mlx-lm passes it)."""
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.tool_calls:
-        out["tool_calls"] = [_call_dict(call) for call in message.tool_calls]
+        out["tool_calls"] = [_call_dict(call, arguments_as_text) for call in message.tool_calls]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     if message.name is not None:
@@ -290,12 +301,13 @@ def _as_dict(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def _call_dict(call: ToolCall) -> dict[str, Any]:
-    # Templates render arguments with `tojson`: they expect an object, not its JSON text.
-    try:
-        arguments: Any = json.loads(call.arguments)
-    except ValueError:
-        arguments = call.arguments
+def _call_dict(call: ToolCall, arguments_as_text: bool) -> dict[str, Any]:
+    # Most templates render arguments with `tojson`: they expect an object, not its JSON
+    # text; a few concatenate them to a string (`arguments_as_text`: DeepSeek's).
+    arguments: Any = call.arguments
+    if not arguments_as_text:
+        with contextlib.suppress(ValueError):
+            arguments = json.loads(call.arguments)
     return {
         "id": call.id,
         "type": "function",

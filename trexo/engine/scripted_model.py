@@ -52,8 +52,10 @@ from trexo.engine.demo_model import (
     _token_id,
     _train_tokenizer,
     _training_corpus,
+    _write_json,
     _write_tokenizer,
 )
+from trexo.types.generation import ToolSpec
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -62,6 +64,15 @@ if TYPE_CHECKING:
 
 SCRIPTED_TOOL_NAME: Final = "get_weather"
 SCRIPTED_TOOL_ARGUMENTS: Final[Mapping[str, str]] = {"city": "Paris"}
+SCRIPTED_TOOL: Final = ToolSpec(
+    SCRIPTED_TOOL_NAME,
+    "The weather in a city",
+    json.dumps(
+        {"type": "object", "properties": {"city": {"type": "string", "description": "A city"}}}
+    ),
+)
+"""The function the script calls, as a request offers it (every part described: Command R's
+template renders each parameter's description)."""
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 TOOLS_START = "<tools>"
@@ -187,12 +198,18 @@ class Script:
     added_tokens: tuple[str, ...]
     chat_template: str
     bigrams: Mapping[str, str]
-    """The next token after each scripted token (after `NEWLINE`: when no marker was seen)."""
+    """The next token after each scripted token (after the `cue`: when no marker was seen)."""
     markers: Mapping[str, str] = attrs.field(factory=dict)
-    """What follows a newline once the marker was seen (with several, `marker_scores`
+    """What follows the `cue` once the marker was seen (with several, `marker_scores`
     decides)."""
     marker_scores: Mapping[str, float] = attrs.field(factory=dict)
     """Attention logits of the markers (every other token scores 0)."""
+    cue: str = NEWLINE
+    """The generation prompt's last token, where answers start (one token: `NEWLINE`, or
+    an added one for templates whose generation prompt ends otherwise)."""
+    end_tokens: tuple[str, ...] = ()
+    """Added tokens that also end a generation, listed in `generation_config.json` (as
+    gpt-oss lists `<|call|>`)."""
 
 
 TOOLS_SCRIPT: Final = Script(
@@ -212,13 +229,16 @@ def build_scripted_model(
         raise RuntimeError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens, not the spec's")
     ids = _write_tokenizer(dest, tokenizer, script.chat_template)
     token_ids = {token: _token_id(tokenizer, token) for token in (IM_END, *script.added_tokens)}
-    newline = tokenizer.encode(NEWLINE).ids
-    if len(newline) != 1:
-        raise RuntimeError("the newline is not one token")
-    token_ids[NEWLINE] = newline[0]
+    cue = tokenizer.encode(script.cue).ids
+    if len(cue) != 1:
+        raise RuntimeError(f"the cue {script.cue!r} is not one token")
+    token_ids[script.cue] = cue[0]
     config = _model_config(spec, script.size, seed, ids[IM_END], _corpus_digest(corpus))
     config["rope_theta"] = ROPE_THETA
     _save_weights(dest, config, _weights(spec, token_ids, script))
+    if script.end_tokens:
+        ends = [ids[IM_END], *(token_ids[token] for token in script.end_tokens)]
+        _write_json(dest / "generation_config.json", {"eos_token_id": ends})
     return dest
 
 
@@ -228,7 +248,7 @@ def _weights(
     """The constructed parameters, by their mlx-lm llama names."""
     import mlx.core as mx
 
-    hidden, units = spec.hidden_size, spec.intermediate_size
+    hidden, units, cue = spec.hidden_size, spec.intermediate_size, script.cue
     if spec.num_hidden_layers != 1 or spec.num_attention_heads != 1:
         raise ValueError("the construction is for one layer with one attention head")
     dim = {token: 1 + index for index, token in enumerate(token_ids)}
@@ -259,7 +279,7 @@ def _weights(
     votes_by_unit: list[tuple[str | None, int, Mapping[str, float]]] = [
         *((token, BIAS_DIM, {successor: 1.0}) for token, successor in script.bigrams.items()),
         *(
-            (NEWLINE, seen[marker], {answer: MARKER_VOTE, script.bigrams[NEWLINE]: -MARKER_VOTE})
+            (cue, seen[marker], {answer: MARKER_VOTE, script.bigrams[cue]: -MARKER_VOTE})
             for marker, answer in script.markers.items()
         ),
         (None, BIAS_DIM, {IM_END: DEFAULT_VOTE}),
