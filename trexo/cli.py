@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -570,7 +571,27 @@ def run_command(args: argparse.Namespace) -> int:
     # handler would turn it into a traceback and a death by SIGINT during the teardown.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    leave_past_abandoned_threads(code)
     return code
+
+
+def leave_past_abandoned_threads(code: int) -> None:
+    """Exit now, with `code`, if worker threads are still running after the node stopped.
+
+    Some blocking calls cannot be interrupted, so a bounded wait abandons them: a hub
+    look-up that drips its answer, a chat template between two budget checks. Every service
+    has stopped by now, but the interpreter's teardown would stop those threads mid-call,
+    and one inside native code then aborts the whole process (SIGABRT, "terminate called
+    without an active exception") after a clean stop. Nothing is left to clean up: flush
+    what was written and leave.
+    """
+    if threading.active_count() <= 1:
+        return
+    log.info("leaving %d abandoned worker thread(s) behind", threading.active_count() - 1)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def read_api_keys(
