@@ -97,3 +97,17 @@ async def test_the_printed_curl_works_verbatim(tmp_path: Path) -> None:
     events = [e for e in done.stdout.decode().split("\n\n") if e.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert len(events) > 2  # a role chunk, content, the finish: an answer streamed
+
+
+def test_the_node_process_does_not_import_mlx_lm_at_start() -> None:
+    # Importing the `mlx_lm` package sets the process's descriptor limits to (2048, 4096),
+    # and fails where the hard limit is lower: a node started so died at import. Only its
+    # runners, separate processes, load models.
+    probe = (
+        "import sys, trexo.cli, trexo.node; "
+        "print(sorted(m for m in sys.modules if m.startswith('mlx')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout

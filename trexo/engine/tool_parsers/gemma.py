@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlx_lm.tool_parsers import pythonic
-
 tool_call_start = "```tool_code"
 tool_call_end = "```"
 bare_call_start = "["
@@ -40,6 +38,11 @@ def parse_tool_call(text: str, tools: Any = None) -> dict[str, Any] | list[dict[
     text = text.strip()
     if not text.startswith("["):  # a tool_code block's bare call
         text = f"[{text}]"
+    # Imported here, not with the module: importing the `mlx_lm` package sets the process's
+    # descriptor limits (and fails where the hard limit is under 4096), and the node imports
+    # this module at start; only a runner parses calls.
+    from mlx_lm.tool_parsers import pythonic
+
     parsed: dict[str, Any] | list[dict[str, Any]] = pythonic.parse_tool_call(text, tools)
     return parsed
 
