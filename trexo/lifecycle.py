@@ -1,6 +1,6 @@
 """The service protocol, and the supervisor that runs one generation of services per session.
 
-A service is a nursery (DESIGN §1): stop is cancellation, stopped is return. The
+A service is a nursery (README, Architecture): stop is cancellation, stopped is return. The
 `SessionSupervisor` swaps generations so that two never overlap, and restarts a crashed one
 with backoff under an Erlang/OTP-style restart intensity.
 """

@@ -1,4 +1,4 @@
-"""The node: wires the services together (DESIGN §2).
+"""The node: wires the services together (README, Architecture).
 
 Node (root nursery)               lives as long as the process
 ├─ StreamHub                      chunks and command replies for this node

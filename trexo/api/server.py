@@ -93,7 +93,7 @@ async def serve(
     """Serve the ASGI `app` on `config.bind` until cancelled: HTTPS if `config` has a
     certificate (`config.ssl_enabled`), else plain HTTP.
 
-    Reports the bound URLs. Stop is cancellation (DESIGN §1): no graceful shutdown.
+    Reports the bound URLs. Stop is cancellation (README, Architecture): no graceful shutdown.
     """
     asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
     lifespan_state: LifespanState = {}

@@ -1,4 +1,4 @@
-"""The election: decides the session (master id + clock), DESIGN §2.3.
+"""The election: decides the session (master id + clock) (README, Architecture).
 
 - `core`: the pure state machine (inputs with `now`, `Outputs` back); all the rules.
 - `outputs`: what the core returns, and the notes it reports for logging.

@@ -1,4 +1,4 @@
-"""The election as a pure state machine (DESIGN §2.3): no I/O, no clock of its own.
+"""The election as a pure state machine (README, Architecture): no I/O, no clock of its own.
 
 Inputs are method calls that carry `now`; each returns an `Outputs` (messages to send, the
 new session if it changed, the clock to persist, the next timer deadline). The I/O shell is

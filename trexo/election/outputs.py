@@ -17,7 +17,7 @@ from trexo.types.session import Session
 
 
 class CampaignReason(enum.Enum):
-    """Why this node is in a round. Only these start one (DESIGN §2.3)."""
+    """Why this node is in a round. Only these start one (README, Architecture)."""
 
     BOOT = "boot"
     """No peer told us a live session within the boot grace."""

@@ -1,4 +1,4 @@
-"""The election service: a thin trio shell around `ElectionCore` (DESIGN §2.3).
+"""The election service: a thin trio shell around `ElectionCore` (README, Architecture).
 
 One loop owns the core. It takes election messages and membership changes from one input
 channel (or the core's timer when its deadline comes), feeds them to the core with

@@ -1,4 +1,5 @@
-"""The topics of DESIGN §2.1 and the message type each carries."""
+"""The topics nodes exchange messages on, and the message type each carries (see the README,
+"Architecture")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Election messages (DESIGN §2.3), all on the `election` topic.
+"""Election messages (README, Architecture), all on the `election` topic.
 
 A round is named by its clock. `Campaign` joins a round, `Announce` claims its result,
 and `Hello` is what two nodes tell each other when the link between them comes up.

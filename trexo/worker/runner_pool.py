@@ -5,7 +5,7 @@ an assignment and keeps it alive (restarting it with backoff when it dies) until
 stop it; it forwards a task to a runner and streams the chunks to the requesting node. A
 model stays loaded and a stream keeps flowing while the master changes: only the Worker,
 which merely plans and reports, is swapped. Every process still has one owner nursery,
-the pool's, so the node's stop reaps them all (DESIGN §1).
+the pool's, so the node's stop reaps them all (README, Architecture).
 
 What the pool learns (runner statuses, task progress) it posts as local events on
 `facts`; the current session's Worker sends them to its master.

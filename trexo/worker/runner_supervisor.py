@@ -1,8 +1,8 @@
 """The parent side of one runner process: spawn, talk, stop, reap.
 
-`RunnerSupervisor.run` is a service (DESIGN §1): it spawns the runner as a child of its own
-nursery, returns only once the process has been reaped, and stops it, when cancelled, with
-the ladder Shutdown -> grace -> SIGTERM -> grace -> SIGKILL, each step bounded by
+`RunnerSupervisor.run` is a service (README, Architecture): it spawns the runner as a child
+of its own nursery, returns only once the process has been reaped, and stops it, when
+cancelled, with the ladder Shutdown -> grace -> SIGTERM -> grace -> SIGKILL, each step bounded by
 `RunnerConfig`. How the process ended is kept in `exit_cause`.
 """
 

@@ -5,7 +5,7 @@ It re-plans (`trexo.worker.plan`) on every state change and every change in the 
 cancel tasks. It reports the pool's facts and the node's memory to the session's master.
 It is session-scoped but owns no process and no stream: the pool does, for the node's whole
 life, so a session swap keeps models loaded and generations streaming. Nothing it does
-blocks its exit (DESIGN §1.3).
+blocks its exit (README, Architecture).
 """
 
 from __future__ import annotations
