@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from trexo.catalog import builtin_models, demo_model_ref, layout_of, local_model_ref
 from trexo.engine.demo_model import DEMO_MODEL_SPECS
-from trexo.types.models import ModelLayout
+from trexo.types.models import ModelLayout, TensorShape
 
 LLAMA_CONFIG = {
     "num_hidden_layers": 32,
@@ -18,6 +19,8 @@ LLAMA_CONFIG = {
     "num_key_value_heads": 8,
     "intermediate_size": 14336,
 }
+LLAMA_TENSOR = TensorShape(32, 8, 0, (14336,))
+"""What a tensor split of `LLAMA_CONFIG` divides (no hidden size: the head width unknown)."""
 
 
 @pytest.mark.parametrize("size", list(DEMO_MODEL_SPECS))
@@ -34,6 +37,12 @@ def test_every_demo_model_has_its_specs_layout(size: str) -> None:
         pytest.approx(embedding),  # type: ignore[arg-type]
         pytest.approx(head),  # type: ignore[arg-type]
         pytest.approx(1 - head),  # type: ignore[arg-type]
+        tensor=TensorShape(
+            spec.num_attention_heads,
+            spec.num_key_value_heads,
+            spec.hidden_size // spec.num_attention_heads,
+            (spec.intermediate_size,),
+        ),
     )
     assert all(model.layout is not None for model in builtin_models())
 
@@ -48,21 +57,27 @@ def write_model(path: Path, config: Any) -> Path:
 def test_a_local_model_reads_its_layout_from_config_json(tmp_path: Path) -> None:
     model = local_model_ref(write_model(tmp_path / "llama", LLAMA_CONFIG))
     assert model.size_bytes == 100
-    assert model.layout == ModelLayout(32, 32, 8, 14336)
+    assert model.layout == ModelLayout(32, 32, 8, 14336, tensor=LLAMA_TENSOR)
 
 
 @pytest.mark.parametrize(
     ("config", "layout"),
     [
-        (LLAMA_CONFIG, ModelLayout(32, 32, 8, 14336)),
+        (LLAMA_CONFIG, ModelLayout(32, 32, 8, 14336, tensor=LLAMA_TENSOR)),
         # key-value heads default to the heads (multi-head attention)
-        ({**LLAMA_CONFIG, "num_key_value_heads": None}, ModelLayout(32, 32, 32, 14336)),
+        (
+            {**LLAMA_CONFIG, "num_key_value_heads": None},
+            ModelLayout(32, 32, 32, 14336, tensor=attrs.evolve(LLAMA_TENSOR, n_kv_heads=32)),
+        ),
         (
             {k: v for k, v in LLAMA_CONFIG.items() if k != "num_key_value_heads"},
-            ModelLayout(32, 32, 32, 14336),
+            ModelLayout(32, 32, 32, 14336, tensor=attrs.evolve(LLAMA_TENSOR, n_kv_heads=32)),
         ),
         # multimodal models nest the language model's config
-        ({"text_config": LLAMA_CONFIG, "vision_config": {}}, ModelLayout(32, 32, 8, 14336)),
+        (
+            {"text_config": LLAMA_CONFIG, "vision_config": {}},
+            ModelLayout(32, 32, 8, 14336, tensor=LLAMA_TENSOR),
+        ),
         ({k: v for k, v in LLAMA_CONFIG.items() if k != "intermediate_size"}, None),
         ({**LLAMA_CONFIG, "num_hidden_layers": "32"}, None),
         ({**LLAMA_CONFIG, "num_hidden_layers": 32.0}, None),

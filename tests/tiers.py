@@ -42,6 +42,8 @@ SLOW_PATHS = (
     "tests/test_schema_guard.py",  # a JSON schema compiler process per schema
     "tests/zoo/test_zoo_serving.py",  # a `trexo run` per zoo model
     "tests/zoo/test_zoo_pipeline_ranks.py",  # runner processes, one per rank
+    "tests/zoo/test_zoo_tensor_ranks.py",  # runner processes, one per rank
+    "tests/zoo/test_zoo_cluster.py",  # 3 `trexo run` nodes per architecture
     "tests/zoo/test_zoo_pipeline.py",  # the matrix: every architecture over 2 and 3 ranks
 )
 

@@ -14,9 +14,10 @@ from trexo.engine.demo_model import (
     ensure_demo_model,
 )
 from trexo.engine.pipeline_cuts import limited_cuts
+from trexo.engine.tensor_shares import shape_of as tensor_shape_of
 from trexo.errors import ModelNotFound
 from trexo.json_file import read_json_object
-from trexo.types.models import DEMO_SOURCE_PREFIX, ModelLayout, ModelRef
+from trexo.types.models import DEMO_SOURCE_PREFIX, ModelLayout, ModelRef, TensorShape
 
 FLOAT32_BYTES = 4
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".gguf")
@@ -37,6 +38,12 @@ def demo_model_ref(size: str = DEFAULT_DEMO_SIZE) -> ModelRef:
             n_heads=spec.num_attention_heads,
             n_kv_heads=spec.num_key_value_heads,
             intermediate_size=spec.intermediate_size,
+            tensor=TensorShape(
+                spec.num_attention_heads,
+                spec.num_key_value_heads,
+                spec.hidden_size // spec.num_attention_heads,
+                (spec.intermediate_size,),
+            ),
             **weight_shares(
                 spec.hidden_size,
                 spec.vocab_size,
@@ -85,7 +92,7 @@ def read_layout(config_path: Path) -> ModelLayout | None:
 def layout_of(config: Mapping[str, Any]) -> ModelLayout | None:
     """The layout in a parsed `config.json` (or its `text_config`, as multimodal models nest
     it); `num_key_value_heads` absent or null is the head count, as in mlx-lm."""
-    text_config = config.get("text_config")
+    whole_config, text_config = config, config.get("text_config")
     if "num_hidden_layers" not in config and isinstance(text_config, dict):
         config = text_config
     heads = config.get("num_attention_heads")
@@ -115,6 +122,7 @@ def layout_of(config: Mapping[str, Any]) -> ModelLayout | None:
         **shares,
         pipeline_cuts=cuts,
         cuts_limited_because=because,
+        tensor=tensor_shape_of(whole_config),
     )
 
 

@@ -27,7 +27,7 @@ from trexo.state import apply, apply_all
 from trexo.types.commands import PlacementSharding
 from trexo.types.events import InstanceCreated, NodeUpdated
 from trexo.types.ids import NodeId
-from trexo.types.models import ModelLayout, ModelRef
+from trexo.types.models import ModelLayout, ModelRef, TensorShape
 from trexo.types.refusal import RefusalKind
 from trexo.types.shard import ShardSpec
 from trexo.types.state import Instance, NodeInfo, State
@@ -253,20 +253,48 @@ def test_tensor_shards_hold_every_layer() -> None:
     assert reserved_bytes(apply(state, InstanceCreated(instance)), NodeId("b")) == 48 * MiB
 
 
+UNKNOWN = "its shape is not fully known"
+
+
 @pytest.mark.parametrize(
     ("layout", "nodes", "why"),
     [
         (
             ModelLayout(4, 4, 2, 256),
             3,
-            "its attention heads (4), key-value heads (2), intermediate size (256) "
-            "are not divisible by 3",
+            "its attention heads (4), key-value heads (2), feed-forward width (256) "
+            f"are not divisible by 3 ({UNKNOWN})",
         ),
-        (ModelLayout(4, 6, 2, 768), 3, "its key-value heads (2) is not divisible by 3"),
-        (ModelLayout(4, 4, 4, 250), 4, "its intermediate size (250) is not divisible by 4"),
+        (
+            ModelLayout(4, 6, 2, 768),
+            3,
+            f"its key-value heads (2) is not divisible by 3 ({UNKNOWN})",
+        ),
+        (
+            ModelLayout(4, 4, 4, 250),
+            4,
+            f"its feed-forward width (250) is not divisible by 4 ({UNKNOWN})",
+        ),
+        (
+            ModelLayout(4, 4, 2, 256, tensor=TensorShape(4, 2, 128, (256,))),
+            5,
+            "its 4 attention heads (2 key-value) cannot be split over 5 ranks",
+        ),
+        (
+            ModelLayout(4, 4, 2, 256, tensor=TensorShape(4, 2, 16, (256,), group_size=64)),
+            2,
+            "its 4 attention heads (2 key-value) cannot be split over 2 ranks "
+            "in blocks of 4 (quantized in groups of 64)",
+        ),
+        (
+            ModelLayout(4, 8, 8, 256, tensor=TensorShape(8, 8, 64, (256, 96), 0, "MLA")),
+            3,
+            "its attention heads (8), key-value heads (8), feed-forward width (256) "
+            "are not divisible by 3 (MLA)",
+        ),
     ],
 )
-def test_tensor_refusals_name_what_is_not_divisible(
+def test_tensor_refusals_name_what_cannot_be_split(
     layout: ModelLayout, nodes: int, why: str
 ) -> None:
     model = ModelRef("m", "demo:m", MiB, layout=layout)
@@ -275,6 +303,18 @@ def test_tensor_refusals_name_what_is_not_divisible(
     assert short == Infeasible(
         RefusalKind.UNSHARDABLE, f"model m cannot be tensor-sharded across {nodes} nodes: {why}"
     )
+
+
+def test_a_known_shape_splits_unevenly_and_each_rank_reserves_the_largest_share() -> None:
+    # 4 query heads over 3 ranks go 2-1-1; the edges (a quarter here) are on every rank.
+    layout = ModelLayout(4, 4, 2, 300, blocks_fraction=0.75, tensor=TensorShape(4, 2, 16, (300,)))
+    model = ModelRef("m", "demo:m", 120 * MiB, layout=layout)
+    state = cluster(a=GiB, b=GiB, c=GiB)
+    instance = place(state, model, new_id=counter(), sharding="tensor", node_count=3)
+    assert [shard.rank for _, shard in shards(instance)] == [0, 1, 2]
+    need = required_bytes(model)
+    expected = math.ceil(need * (0.25 + 0.75 * 2 / 4))
+    assert runner_requirement(model, ShardSpec(0, 4, 2, 3, "tensor")) == expected
 
 
 def test_a_tensor_share_that_does_not_fit_is_refused() -> None:

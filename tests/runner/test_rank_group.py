@@ -279,18 +279,25 @@ async def test_a_group_whose_rank_1_never_comes_fails_to_load_and_rank_0_is_reap
     assert isinstance(rank0.status, RunnerStopped)
 
 
+RANKS_PAST_THE_HEADS = 5
+"""More ranks than the model's 4 attention heads: no exact tensor split."""
+
+
 async def test_a_model_that_cannot_be_split_so_fails_to_load_on_every_rank(
     tmp_path: Path, varied_model: Path
 ) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
-            ranks = group_supervisors(tmp_path, 3)
+            ranks = group_supervisors(tmp_path, RANKS_PAST_THE_HEADS)
             for rank in ranks:
                 await nursery.start(rank.run)
-            shards = rank_shards(layer_count(varied_model), 3, "tensor")
+            ranks_past = RANKS_PAST_THE_HEADS
+            shards = rank_shards(layer_count(varied_model), ranks_past, "tensor")
             with pytest.raises(ExceptionGroup) as failures:
-                await load_in_rank_order(ranks, varied_model, shards, loopback_group(3))
-            assert failures.group_contains(LoadFailed, match="cannot be split across 3 ranks")
+                await load_in_rank_order(ranks, varied_model, shards, loopback_group(ranks_past))
+            assert failures.group_contains(
+                LoadFailed, match="cannot be split by tensor over 5 ranks"
+            )
             await wait_exited(ranks, trio.current_time())
             nursery.cancel_scope.cancel()
     assert all(

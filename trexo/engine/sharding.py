@@ -12,7 +12,7 @@ model's edges are where mlx-lm's llama-style decoders keep them (`embed_tokens`,
 rank the final norm and head: the last rank samples each token and one `all_gather` of a
 token per rank gives it to every rank (`sampled_on_last_rank`), so every rank steps with the
 same token. Other decoders keep every edge on every rank and `all_gather` the last rank's
-hidden state. Tensor parallel: the model's own `shard(group)`.
+hidden state. Tensor parallel: `trexo.engine.tensor_split`.
 
 Everything here runs on the runner's compute thread (MLX streams are per thread).
 """
@@ -35,6 +35,8 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import ArraysCache, CacheList, _BaseCache
 
 from trexo.engine.pipeline_cuts import layer_range_refusal
+from trexo.engine.tensor_split import tensor_part
+from trexo.engine.wrapped_module import Wrapping
 from trexo.types.shard import RankGroup, ShardSpec
 
 log = logging.getLogger(__name__)
@@ -44,8 +46,6 @@ T = TypeVar("T")
 RING_BACKEND = "ring"
 RANK_ENV = "MLX_RANK"
 HOSTFILE_ENV = "MLX_HOSTFILE"
-TENSOR_DIVISIBLE_FIELDS = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
-"""`config.json` fields that `shard(group)` splits evenly across the ranks."""
 
 
 class GroupBroken(Exception):
@@ -112,22 +112,13 @@ def shard_model(model: Any, config: dict[str, Any], shard: ShardSpec, world: Any
 
 
 def _tensor_shard(model: Any, config: dict[str, Any], shard: ShardSpec, world: Any) -> None:
-    if not callable(getattr(model, "shard", None)):
-        raise ValueError(
-            f"{type(model).__module__} models have no shard(group): "
-            "they cannot be split by tensor, only by pipeline"
-        )
     blocks = _block_holder(model).layers
     if (shard.start_layer, shard.end_layer) not in ((None, None), (0, len(blocks))):
         raise ValueError(
             f"a tensor shard holds every layer [0, {len(blocks)}), "
             f"not [{shard.start_layer}, {shard.end_layer})"
         )
-    for field in TENSOR_DIVISIBLE_FIELDS:
-        value = config.get(field)
-        if isinstance(value, int) and value % world.size():
-            raise ValueError(f"{field} {value} cannot be split across {world.size()} ranks")
-    model.shard(world)
+    tensor_part(model, blocks, config, world)
 
 
 def _block_holder(model: Any) -> Any:
@@ -141,7 +132,7 @@ def _block_holder(model: Any) -> Any:
     raise ValueError(
         f"{type(model).__module__} models keep no list of blocks in model.layers, "
         "model.model.layers or model.language_model.model.layers: "
-        "they cannot be split by pipeline"
+        "they cannot be split across ranks"
     )
 
 
@@ -396,7 +387,7 @@ def sampled_on_last_rank(sampler: Sampler, world: Any) -> Sampler:
     return sample
 
 
-class PipelineEdge(Module):
+class PipelineEdge(Wrapping):
     """A block at the edge of a rank's layer range: receive before it, send after it.
 
     `receive`: replace the block's input by the hidden state from rank r-1. `send`: send the
@@ -407,6 +398,8 @@ class PipelineEdge(Module):
     Other attributes (`use_sliding`, ...) are the block's.
     """
 
+    INNER = "block"
+
     def __init__(self, block: Any, links: Links, *, receive: bool, send: bool, gather: bool):
         super().__init__()  # type: ignore[no-untyped-call]
         self.block = block
@@ -414,14 +407,6 @@ class PipelineEdge(Module):
         self._receive = receive
         self._send = send
         self._gather = gather
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if "block" not in self:  # still in __init__
-                raise
-            return getattr(self["block"], name)
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> Any:
         if self._receive:

@@ -41,6 +41,9 @@ QUANTIZATION_BITS = 4
 QUANTIZATION_GROUP_SIZE = 64
 """mlx-lm's default for 4 bits (`mlx_lm.convert -q`): what mlx-community's 4-bit models use.
 A layer whose input width is not a multiple of it stays float, as `quantize_model` leaves it."""
+PER_HEAD_VECTORS = ("sinks",)
+"""Vectors with a value per attention head, drawn N(0, 1): the class starts them all equal,
+which would hide a split that gives a rank another rank's heads."""
 EMBEDDING_NAMES = ("embed_tokens", "lm_head")
 """The edges: their matrices are not scaled with the blocks'."""
 
@@ -159,9 +162,11 @@ def _build_weights(
 def _initial_value(name: str, param: Any, key: Any, arch: ZooArch) -> Any:
     """N(0, 1/fan_in) for a matrix (times `block_scale` in the blocks), which keeps
     activations and logits near unit scale; a vector as the class made it (a post-norm's
-    scale times `block_scale`)."""
+    scale times `block_scale`), but N(0, 1) for a per-head one."""
     import mlx.core as mx
 
+    if name.rsplit(".", 1)[-1] in PER_HEAD_VECTORS:
+        return mx.random.normal(param.shape, dtype=mx.float32, key=key)
     if param.ndim < 2:
         module = name.split(".")[-2:-1]  # "model.layers.0.q_norm.weight": ["q_norm"]
         return param * arch.block_scale if module and module[0] in arch.post_norms else param

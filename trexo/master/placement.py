@@ -19,10 +19,12 @@ import attrs
 
 from trexo.config import PLACEMENT_MEMORY_OVERHEAD
 from trexo.engine.pipeline_cuts import fit_shares
+from trexo.engine.tensor_shares import largest_share
+from trexo.engine.tensor_shares import refusal as tensor_refusal
 from trexo.errors import PlacementRefused
 from trexo.types.commands import PlacementSharding
 from trexo.types.ids import InstanceId, NodeId, RunnerId
-from trexo.types.models import ModelRef
+from trexo.types.models import ModelRef, TensorShape
 from trexo.types.refusal import RefusalKind
 from trexo.types.shard import Sharding, ShardSpec
 from trexo.types.state import Instance, RunnerAssignment, State
@@ -66,15 +68,20 @@ def runner_requirement(
 ) -> int:
     """Memory one runner holding `shard` of `model` needs.
 
-    The whole requirement for a whole shard, 1/world_size of it for a tensor shard, and for a
+    The whole requirement for a whole shard; for a tensor shard the largest rank's share of
+    the blocks plus the embedding, final norm and head, which every rank holds whole; for a
     pipeline shard its layers' share of the blocks, plus the embedding on rank 0 and the
-    final norm and head on the last rank (an equal share if the layer count is unknown).
+    final norm and head on the last rank (an equal share if the layout is unknown).
     """
     need = required_bytes(model, overhead)
     if shard.is_whole:
         return need
     layers = shard.layer_count
     layout = model.layout
+    if shard.sharding == "tensor" and layout is not None and layout.tensor is not None:
+        blocks = _fraction(layout.blocks_fraction)
+        share = largest_share(layout.tensor, shard.world_size)
+        return math.ceil(need * ((1.0 - blocks) + blocks * share))
     if shard.sharding == "tensor" or layers is None or layout is None or layout.n_layers <= 0:
         return _ceil_div(need, max(1, shard.world_size))
     share = _fraction(layout.blocks_fraction) * layers / layout.n_layers
@@ -188,21 +195,23 @@ def pipeline_plan(
 
 
 def tensor_plan(model: ModelRef, nodes: Sequence[NodeId]) -> Plan | Infeasible:
-    """Every layer on every node, each weight matrix split `len(nodes)` ways."""
+    """Every layer on every node, each rank computing its share of the heads and widths
+    (`trexo.engine.tensor_shares`: uneven shares where the split is still exact)."""
     if model.layout is None:
         return _no_layout(model)
     layout, n = model.layout, len(nodes)
-    dimensions = (
-        ("attention heads", layout.n_heads),
-        ("key-value heads", layout.n_kv_heads),
-        ("intermediate size", layout.intermediate_size),
+    shape = layout.tensor or TensorShape(
+        layout.n_heads,
+        layout.n_kv_heads,
+        0,
+        (layout.intermediate_size,),
+        even_only_because="its shape is not fully known",
     )
-    odd = [f"{name} ({value})" for name, value in dimensions if value % n]
-    if odd:
+    reason = tensor_refusal(shape, n)
+    if reason is not None:
         return Infeasible(
             RefusalKind.UNSHARDABLE,
-            f"model {model.model_id} cannot be tensor-sharded across {n} nodes: "
-            f"its {', '.join(odd)} {'is' if len(odd) == 1 else 'are'} not divisible by {n}",
+            f"model {model.model_id} cannot be tensor-sharded across {n} nodes: {reason}",
         )
     return tuple(
         RankPlan(node_id, ShardSpec(0, layout.n_layers, rank, n, "tensor"))

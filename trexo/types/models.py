@@ -15,6 +15,22 @@ COMMIT_HASH = re.compile(r"^[0-9a-f]{40}$")
 
 
 @attrs.frozen
+class TensorShape:
+    """What decides whether a model splits by tensor over a number of ranks
+    (`trexo.engine.tensor_shares.refusal`), from its `config.json`."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    widths: tuple[int, ...] = ()
+    """Feed-forward widths split across the ranks."""
+    group_size: int = 0
+    """Quantization group (0: not quantized)."""
+    even_only_because: str = ""
+    """Why only an even split works (the model's own `shard(group)` is the only one)."""
+
+
+@attrs.frozen
 class ModelLayout:
     """The shape that decides how a model can be split (from its `config.json`)."""
 
@@ -35,6 +51,8 @@ class ModelLayout:
     (`trexo.engine.pipeline_cuts`); None: before any block."""
     cuts_limited_because: str = ""
     """Why only `pipeline_cuts`."""
+    tensor: TensorShape | None = None
+    """What a tensor split must divide; None: not known (split evenly or not at all)."""
 
 
 @attrs.frozen
