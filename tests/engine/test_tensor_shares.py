@@ -4,6 +4,7 @@ from `config.json` that names what cannot be split."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -105,12 +106,8 @@ LLAMA_8B = {
             16,
             "cannot be split over 16 ranks in blocks of 4 (quantized in groups of 64)",
         ),
-        (
-            {**LLAMA_8B, "model_type": "deepseek_v3", "num_key_value_heads": 32},
-            3,
-            "its attention heads (32), key-value heads (32), feed-forward width (14336) are "
-            "not divisible by 3 (its latent attention splits only evenly)",
-        ),
+        # latent attention: one latent key-value for every head, on every rank
+        ({**LLAMA_8B, "model_type": "deepseek_v3", "num_key_value_heads": 32}, 3, None),
         ({**LLAMA_8B, "model_type": "deepseek_v3", "num_key_value_heads": 32}, 4, None),
         (
             {"text_config": {**LLAMA_8B, "moe_intermediate_size": 2}},
@@ -129,6 +126,14 @@ def test_the_verdict_from_a_config_names_what_cannot_be_split(
         assert reason is None
     else:
         assert reason is not None and why in reason
+
+
+def test_latent_attention_splits_its_query_heads_around_one_shared_latent() -> None:
+    config = {**LLAMA_8B, "model_type": "deepseek_v3", "num_key_value_heads": 32}
+    shape = shape_of({**config, "v_head_dim": 128, "quantization": {"group_size": 64}})
+    assert shape is not None and shape.latent_attention and shape.head_dim == 128
+    assert refusal(shape, 5) is None  # 32 query heads 7-7-6-6-6
+    assert largest_share(attrs.evolve(shape, widths=()), 5) == 7 / 32
 
 
 def test_a_config_without_head_counts_has_no_tensor_shape() -> None:

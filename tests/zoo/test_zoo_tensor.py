@@ -23,8 +23,6 @@ from .tensor_sim import simulated_outputs, split_ranks
 SEQUENCE = 7
 RELATIVE_TOLERANCE = 1e-5
 """float32 sums in another order: ~5e-7 measured; a wrong slice is off by ~1."""
-MLA_ARCHS = ("deepseek_v3",)
-"""Latent attention: split only by the model's own `shard(group)` (over real ranks)."""
 
 
 class FakeWorld:
@@ -62,7 +60,7 @@ def whole_parts(model: Any) -> list[tuple[int, str, Any]]:
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-@pytest.mark.parametrize("arch", [a for a in ZOO_ARCH_NAMES if a not in MLA_ARCHS])
+@pytest.mark.parametrize("arch", ZOO_ARCH_NAMES)
 def test_every_rank_of_a_tensor_split_computes_the_whole_blocks_parts(
     zoo_models: ZooModels, arch: str, ranks: int
 ) -> None:

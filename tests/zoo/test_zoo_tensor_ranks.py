@@ -23,10 +23,20 @@ from .models import BATCH_QUESTIONS, LONG_QUESTION, ZooModels, greedy
 
 MAX_TOKENS = 64
 BATCH_TOKENS = 16
-UNEVEN = ("llama", "olmo2", "phi3", "gemma4_text", "gpt_oss", "granitemoehybrid", "lfm2")
+UNEVEN = (
+    "llama",
+    "olmo2",
+    "phi3",
+    "gemma4_text",
+    "gpt_oss",
+    "granitemoehybrid",
+    "lfm2",
+    "deepseek_v3",
+)
 """Over 3 ranks (4 query heads go 2-1-1, a key-value head on two ranks), one of each kind of
 part that splits differently: plain, a norm over every head, fused projections, KV-shared
-layers, sinks and experts, a state-space mixer with experts, a convolution mixer. Every
+layers, sinks and experts, a state-space mixer with experts, a convolution mixer, latent
+attention. Every
 architecture's parts are checked over 3 ranks in one process by `test_zoo_tensor`."""
 BATCHED = ("llama", "qwen3_next", "gemma3_text", "gpt_oss")
 """Dense, hybrid state-space with experts, sliding windows, sinks with experts."""

@@ -33,7 +33,7 @@ FEED_FORWARD_WIDTH_FIELDS = (
 MLA_MODEL_TYPES = frozenset(
     {"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "kimi_k25", "glm4_moe_lite"}
 )
-"""Multi-head latent attention: split only by the model's own `shard(group)`, evenly."""
+"""Multi-head latent attention: one latent key-value, shared by every head."""
 
 
 def even_shares(count: int, ranks: int) -> list[int] | None:
@@ -136,8 +136,15 @@ def shape_of(config: Mapping[str, Any]) -> TensorShape | None:
     if isinstance(quantization, Mapping) and isinstance(quantization.get("group_size"), int):
         group_size = int(quantization["group_size"])
     model_type = text.get("model_type", config.get("model_type"))
-    even_only = "its latent attention splits only evenly" if model_type in MLA_MODEL_TYPES else ""
-    return TensorShape(n_heads, n_kv_heads, head_dim, widths, group_size, even_only)
+    latent = model_type in MLA_MODEL_TYPES
+    if latent and isinstance(text.get("v_head_dim"), int):
+        head_dim = text["v_head_dim"]  # each head's share of the output projection's input
+    return TensorShape(n_heads, n_kv_heads, head_dim, widths, group_size, latent_attention=latent)
+
+
+def kv_heads(shape: TensorShape) -> int:
+    """The key-value heads the query heads read: one latent one for latent attention."""
+    return 1 if shape.latent_attention else shape.n_kv_heads
 
 
 def head_block(head_dim: int, group_size: int) -> int:
@@ -168,7 +175,7 @@ def refusal(shape: TensorShape, ranks: int) -> str | None:
                 f"its {', '.join(odd)} {verb} not divisible by {ranks} ({shape.even_only_because})"
             )
     block = head_block(shape.head_dim, shape.group_size)
-    if head_shares(shape.n_heads, shape.n_kv_heads, ranks, block) is None:
+    if head_shares(shape.n_heads, kv_heads(shape), ranks, block) is None:
         quantized = f" in blocks of {block} (quantized in groups of {shape.group_size})"
         return (
             f"its {shape.n_heads} attention heads ({shape.n_kv_heads} key-value) "
@@ -186,7 +193,7 @@ def largest_share(shape: TensorShape, ranks: int) -> float:
     1.0 when the split is refused)."""
     if ranks <= 1:
         return 1.0
-    heads = head_shares(shape.n_heads, shape.n_kv_heads, ranks)
+    heads = head_shares(shape.n_heads, kv_heads(shape), ranks)
     widths = [width_shares(width, ranks) for width in shape.widths]
     if heads is None or any(w is None for w in widths):
         return 1.0

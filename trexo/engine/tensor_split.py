@@ -50,6 +50,11 @@ SHARED_EXPERT_NAMES = ("shared_experts", "shared_expert")
 QUERY_COUNT_NAMES = ("n_heads", "num_heads", "num_attention_heads")
 KV_COUNT_NAMES = ("n_kv_heads", "num_kv_heads", "num_key_value_heads")
 OUTPUT_NAMES = ("o_proj", "out_proj")
+LATENT_KV_NAME = "kv_a_proj_with_mqa"
+"""Marks latent attention (DeepSeek V2/V3, Kimi K2): one latent key-value for every head."""
+LATENT_QUERY_NAMES = ("q_b_proj", "q_proj")
+LATENT_PER_HEAD_NAMES = ("embed_q", "unembed_out")
+"""Latent attention's per-head matrices (heads first)."""
 GATED_PAIRS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 UNGATED_PAIRS = (("c_fc", "c_proj"), ("fc1", "fc2"))
 FUSED_PAIRS = (("gate_up_proj", "down_proj"), ("input_linear", "output_linear"))
@@ -85,7 +90,10 @@ def tensor_part(model: Any, blocks: Sequence[Any], config: dict[str, Any], world
 
 
 def _splits_evenly(shape: TensorShape, size: int) -> bool:
-    return all(n % size == 0 for n in (shape.n_heads, shape.n_kv_heads, *shape.widths))
+    """Whether every rank gets as many heads and columns as every other (what mlx-lm's own
+    `shard(group)` needs)."""
+    kv = () if shape.latent_attention else (shape.n_kv_heads,)
+    return all(n % size == 0 for n in (shape.n_heads, *kv, *shape.widths))
 
 
 def split_blocks(blocks: Sequence[Any], rank: int, size: int, reduce: Reduce) -> None:
@@ -118,7 +126,8 @@ def split_attention(attention: Module, rank: int, size: int, reduce: Reduce) -> 
     output_name = next((n for n in OUTPUT_NAMES if isinstance(attention.get(n), Module)), None)
     if n_heads is None or output_name is None:
         raise ValueError(f"{kind} keeps no head count or output projection trexo can split")
-    n_kv = _first_count(attention, KV_COUNT_NAMES) or n_heads
+    latent = isinstance(attention.get(LATENT_KV_NAME), Module)
+    n_kv = 1 if latent else _first_count(attention, KV_COUNT_NAMES) or n_heads
     output = attention[output_name]
     value_width = input_width(output) // n_heads  # each head's share of the output's input
     block = head_block(value_width, _group_size(output))
@@ -126,8 +135,11 @@ def split_attention(attention: Module, rank: int, size: int, reduce: Reduce) -> 
     if shares is None:
         raise ValueError(f"{kind}'s {n_heads} heads ({n_kv} key-value) cannot split over {size}")
     share = shares[rank]
-    _split_projections(attention, kind, share, n_heads, n_kv)
     q0, q1 = share.queries
+    if latent:
+        _split_latent_projections(attention, kind, q0, q1, n_heads)
+    else:
+        _split_projections(attention, kind, share, n_heads, n_kv)
     sliced = slice_inputs(output, q0 * value_width, q1 * value_width, keep_bias=rank == 0)
     setattr(attention, output_name, SummedOverRanks(sliced, reduce))
     _split_head_norms(attention, share, (n_heads, n_kv), value_width, reduce)
@@ -171,6 +183,22 @@ def _split_projections(
         if isinstance(projection := attention.get(name), Module):
             per_kv = output_width(projection) // n_kv
             setattr(attention, name, slice_outputs(projection, [(k0 * per_kv, k1 * per_kv)]))
+
+
+def _split_latent_projections(attention: Module, kind: str, q0: int, q1: int, n_heads: int) -> None:
+    """Latent attention: the query heads' rows and their per-head matrices; the latent key
+    and value (and their norms) stay whole on every rank."""
+    name = next((n for n in LATENT_QUERY_NAMES if isinstance(attention.get(n), Module)), None)
+    if name is None:
+        raise ValueError(f"{kind} has no query projection trexo can split")
+    queries = attention[name]
+    per_query = output_width(queries) // n_heads
+    setattr(attention, name, slice_outputs(queries, [(q0 * per_query, q1 * per_query)]))
+    for name in LATENT_PER_HEAD_NAMES:
+        if isinstance(per_head := attention.get(name), Module):
+            for key, array in list(per_head.items()):
+                if isinstance(array, mx.array):
+                    per_head[key] = mx.contiguous(array[q0:q1])
 
 
 def _split_head_norms(

@@ -27,7 +27,10 @@ class TensorShape:
     group_size: int = 0
     """Quantization group (0: not quantized)."""
     even_only_because: str = ""
-    """Why only an even split works (the model's own `shard(group)` is the only one)."""
+    """Why only an even split can be trusted (the shape is not fully known)."""
+    latent_attention: bool = False
+    """Multi-head latent attention (DeepSeek V3): every head reads one shared latent key
+    and value, which every rank computes."""
 
 
 @attrs.frozen
