@@ -12,6 +12,12 @@ trial. Then, with a 2-node pipeline instance serving a stream:
 - SIGSTOP of rank 1's node -> rank 0's runner has exited (the node then gets SIGCONT and a
   restart).
 
+With `--archs` (`nox -s bench-sharding -- --archs`), instead: per zoo architecture (dense,
+mixture of experts, sliding window, latent attention by default), on 2 nodes, time per
+token of a pipeline and a tensor split against the whole model. The zoo's models are tiny
+(64 wide): the figures are what splitting costs per token beyond the compute, by
+architecture.
+
 Run: `nox -s bench-sharding` (`-- -k 5` for trials).
 """
 
@@ -45,6 +51,14 @@ DECODE_TOKENS = 64
 STEP_S = 0.005
 READY_TIMEOUT_S = 120.0
 TEARDOWN_TIMEOUT_S = 30.0
+ARCH_LAYOUTS: dict[str, dict[str, Any]] = {
+    "1 node": {"nodes": 1, "sharding": "auto"},
+    "pipeline, 2 nodes": {"nodes": 2, "sharding": "pipeline"},
+    "tensor, 2 nodes": {"nodes": 2, "sharding": "tensor"},
+}
+"""The layouts of the architecture axis (`--archs`)."""
+DEFAULT_ARCHS = "llama,qwen3_moe,gemma3_text,deepseek_v3"
+"""Dense, mixture of experts, sliding window, latent attention."""
 LAYOUTS: dict[str, dict[str, Any]] = {
     "1 node": {"nodes": 1, "sharding": "auto"},
     "pipeline, 2 nodes": {"nodes": 2, "sharding": "pipeline"},
@@ -57,11 +71,11 @@ def client(node: ClusterNode) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{node.url}/v1", api_key="x", max_retries=0)
 
 
-async def timed_stream(node: ClusterNode, max_tokens: int) -> dict[str, float]:
+async def timed_stream(node: ClusterNode, max_tokens: int, model: str = MODEL) -> dict[str, float]:
     """A greedy chat stream: time to its first token, and per token after that."""
     sent = time.perf_counter()
     response = await client(node).chat.completions.create(
-        model=MODEL,
+        model=model,
         messages=MESSAGES,  # type: ignore[arg-type]
         max_tokens=max_tokens,
         temperature=0.0,
@@ -80,10 +94,14 @@ async def timed_stream(node: ClusterNode, max_tokens: int) -> dict[str, float]:
 
 
 async def place(
-    http: httpx.AsyncClient, via: ClusterNode, nodes: list[ClusterNode], layout: dict[str, Any]
+    http: httpx.AsyncClient,
+    via: ClusterNode,
+    nodes: list[ClusterNode],
+    layout: dict[str, Any],
+    model: str = MODEL,
 ) -> str:
     body = {
-        "model": MODEL,
+        "model": model,
         "sharding": layout["sharding"],
         "node_ids": [n.node_id for n in nodes[: layout["nodes"]]],
     }
@@ -93,14 +111,14 @@ async def place(
     return instance_id
 
 
-async def wait_serving(via: ClusterNode) -> float:
+async def wait_serving(via: ClusterNode, model: str = MODEL) -> float:
     """Until a chat is answered (bring-up done); seconds it took."""
     started = time.perf_counter()
     with trio.fail_after(READY_TIMEOUT_S):
         while True:
             try:
                 await client(via).chat.completions.create(
-                    model=MODEL,
+                    model=model,
                     messages=MESSAGES,  # type: ignore[arg-type]
                     max_tokens=1,
                 )
@@ -263,6 +281,57 @@ async def main_async(args: argparse.Namespace) -> None:
     plot(results, RESULTS_DIR / "sharding.png")
 
 
+async def architecture_axis(args: argparse.Namespace) -> None:
+    """Per zoo architecture, on 2 nodes: time per token of a pipeline and a tensor split
+    against the whole model, layouts interleaved within each trial."""
+    from trexo.engine.zoo import ensure_zoo_model
+
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(dir=args.data_dir) as tmp:
+        for arch in args.archs.split(","):
+            path = ensure_zoo_model(Path(tmp) / "zoo", arch)
+            async with (
+                open_cluster(Path(tmp) / arch) as cluster,
+                httpx.AsyncClient(timeout=30) as http,
+            ):
+                nodes = await cluster.add_many(2, "--model", str(path), "-q")
+                await cluster.wait_converged(expect_nodes=2, timeout=READY_TIMEOUT_S)
+                a = nodes[0]
+                for iid in list((await http.get(f"{a.url}/state")).json()["instances"]):
+                    await delete(http, a, iid)
+                trials: list[dict[str, float]] = []
+                for k in range(args.trials):
+                    trial: dict[str, float] = {}
+                    for name, layout in ARCH_LAYOUTS.items():
+                        instance_id = await place(http, a, nodes, layout, path.name)
+                        await wait_serving(a, path.name)
+                        runs = [
+                            await timed_stream(a, DECODE_TOKENS, path.name)
+                            for _ in range(args.streams)
+                        ]
+                        trial[name] = statistics.median(r["per_token_s"] for r in runs)
+                        await delete(http, a, instance_id)
+                    trials.append(trial)
+                    line = ", ".join(f"{n}: {v * 1e3:.1f} ms/token" for n, v in trial.items())
+                    print(f"{arch} trial {k + 1}: {line}", flush=True)
+            results[arch] = {
+                name: {
+                    "per_token": summarize([t[name] for t in trials]),
+                    "ratio": statistics.median(t[name] / t["1 node"] for t in trials),
+                }
+                for name in ARCH_LAYOUTS
+            }
+    path = write_results("sharding-architectures", {"results": results})
+    print("| architecture | " + " | ".join(ARCH_LAYOUTS) + " |")
+    print("|---|" + "---:|" * len(ARCH_LAYOUTS))
+    for arch, by_layout in results.items():
+        cells = [
+            f"{v['per_token']['median_ms']:.1f} ms ({v['ratio']:.2f}x)" for v in by_layout.values()
+        ]
+        print(f"| {arch} | " + " | ".join(cells) + " |")
+    print(f"written to {path}")
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     """Time per token and to first token per layout; teardown after each failure."""
     try:
@@ -311,7 +380,16 @@ def main() -> None:
     parser.add_argument("--teardowns", type=int, default=5, help="trials of each failure")
     parser.add_argument("--data-dir", help="where the nodes' data directories go (a temporary one)")
     parser.add_argument("--plot-only", action="store_true", help="plot the last results again")
+    parser.add_argument(
+        "--archs",
+        nargs="?",
+        const=DEFAULT_ARCHS,
+        help=f"instead: the architecture axis, for these zoo architectures ({DEFAULT_ARCHS})",
+    )
     args = parser.parse_args()
+    if args.archs:
+        trio.run(architecture_axis, args)
+        return
     if args.plot_only:
         saved = json.loads((RESULTS_DIR / "sharding.json").read_text())
         plot(saved["results"], RESULTS_DIR / "sharding.png")
