@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypedDict, TypeGuard
+from typing import Any, TypeGuard
+
+import attrs
 
 from trexo.engine.demo_model import (
     DEFAULT_DEMO_SIZE,
@@ -18,6 +20,7 @@ from trexo.engine.tensor_shares import shape_of as tensor_shape_of
 from trexo.errors import ModelNotFound
 from trexo.json_file import read_json_object
 from trexo.types.models import DEMO_SOURCE_PREFIX, ModelLayout, ModelRef, TensorShape
+from trexo.weight_shares import config_shares, safetensors_sizes, tensor_shares
 
 FLOAT32_BYTES = 4
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".gguf")
@@ -44,14 +47,19 @@ def demo_model_ref(size: str = DEFAULT_DEMO_SIZE) -> ModelRef:
                 spec.hidden_size // spec.num_attention_heads,
                 (spec.intermediate_size,),
             ),
-            **weight_shares(
-                spec.hidden_size,
-                spec.vocab_size,
-                spec.num_hidden_layers,
-                spec.num_attention_heads,
-                spec.num_key_value_heads,
-                spec.intermediate_size,
-                tied=True,
+            **(
+                config_shares(
+                    {
+                        "hidden_size": spec.hidden_size,
+                        "vocab_size": spec.vocab_size,
+                        "num_hidden_layers": spec.num_hidden_layers,
+                        "num_attention_heads": spec.num_attention_heads,
+                        "num_key_value_heads": spec.num_key_value_heads,
+                        "intermediate_size": spec.intermediate_size,
+                        "tie_word_embeddings": True,
+                    }
+                )
+                or {}
             ),
         ),
     )
@@ -69,24 +77,21 @@ def local_model_ref(path: Path) -> ModelRef:
         source=str(path),
         size_bytes=size,
         created=created,
-        layout=read_layout(path / "config.json"),
+        layout=read_layout(path),
     )
 
 
-class WeightShares(TypedDict, total=False):
-    """`ModelLayout`'s weight shares (`weight_shares`)."""
-
-    embedding_fraction: float
-    head_fraction: float
-    blocks_fraction: float
-
-
-def read_layout(config_path: Path) -> ModelLayout | None:
-    """The layout in an mlx-lm `config.json`; None if it is unreadable or lacks a field."""
+def read_layout(path: Path) -> ModelLayout | None:
+    """The layout of the mlx-lm model directory `path`, from its `config.json`, with the
+    weight shares its weight files' headers give; None if the config is unreadable or lacks
+    a field."""
     try:
-        return layout_of(read_json_object(config_path))
+        layout = layout_of(read_json_object(path / "config.json"))
     except (OSError, ValueError):  # `BadJsonFile` is a ValueError
         return None
+    sizes = safetensors_sizes(path)
+    exact = tensor_shares(sizes) if sizes is not None else None
+    return attrs.evolve(layout, **exact) if layout is not None and exact else layout
 
 
 def layout_of(config: Mapping[str, Any]) -> ModelLayout | None:
@@ -106,13 +111,7 @@ def layout_of(config: Mapping[str, Any]) -> ModelLayout | None:
     if len(counts) != len(fields):
         return None
     n_layers, n_heads, n_kv_heads, intermediate_size = counts
-    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
-    shares: WeightShares = {}
-    if _is_count(hidden) and _is_count(vocab):
-        tied = config.get("tie_word_embeddings", False) is True
-        shares = weight_shares(
-            hidden, vocab, n_layers, n_heads, n_kv_heads, intermediate_size, tied=tied
-        )
+    shares = config_shares(config) or {}
     cuts, because = limited_cuts(config) or (None, "")
     return ModelLayout(
         n_layers,
@@ -124,32 +123,6 @@ def layout_of(config: Mapping[str, Any]) -> ModelLayout | None:
         cuts_limited_because=because,
         tensor=tensor_shape_of(whole_config),
     )
-
-
-def weight_shares(
-    hidden: int,
-    vocab: int,
-    n_layers: int,
-    n_heads: int,
-    n_kv_heads: int,
-    intermediate_size: int,
-    *,
-    tied: bool,
-) -> WeightShares:
-    """`ModelLayout`'s shares of a llama-shaped decoder's parameters: the embedding (a
-    pipeline's rank 0), the final norm and head (its last rank; a tied head is the
-    embedding again), and the blocks. An estimate for other shapes (mixtures of experts put
-    more in the blocks)."""
-    head_dim = hidden // n_heads
-    attention = 2 * hidden * n_heads * head_dim + 2 * hidden * n_kv_heads * head_dim
-    blocks = n_layers * (attention + 3 * hidden * intermediate_size + 2 * hidden)
-    embedding, norm = vocab * hidden, hidden
-    total = embedding + norm + blocks + (0 if tied else embedding)
-    return {
-        "embedding_fraction": embedding / total,
-        "head_fraction": (norm + embedding) / total,
-        "blocks_fraction": blocks / total,
-    }
 
 
 def _is_count(value: object) -> TypeGuard[int]:

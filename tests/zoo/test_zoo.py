@@ -10,6 +10,7 @@ from pathlib import Path
 import mlx.nn as nn
 import mlx_lm
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
 from trexo import catalog
@@ -60,7 +61,7 @@ def test_every_arch_is_mlx_lms_own_model_class(zoo_models: ZooModels, arch: str)
     module = config["model_type"]
     assert type(model).__module__ == f"mlx_lm.models.{MODULE_OF.get(module, module)}"
     assert config["trexo_zoo"]["arch"] == arch
-    layout = catalog.read_layout(path / "config.json")  # what placement reads
+    layout = catalog.read_layout(path)  # what placement reads
     assert layout is not None
     blocks = (config.get("text_config") or config)["num_hidden_layers"]
     assert layout.n_layers == blocks >= 4  # enough for a pipeline over 3 ranks
@@ -160,3 +161,33 @@ def test_each_batch_limit_still_guards_a_wrong_batch_in_mlx_lm(
     except ValueError:  # the broadcast error some batch sizes hit
         return
     assert [list(ids) for ids in batched.token_ids] != alone
+
+
+EXPERT_AND_LATENT_ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax", "gpt_oss")
+
+
+@pytest.mark.parametrize("arch", ZOO_ARCH_NAMES)
+def test_placement_reads_the_weight_shares_of_the_files_themselves(
+    zoo_models: ZooModels, arch: str
+) -> None:
+    path = zoo_models(arch)
+    model, _ = load_model(path)
+    blocks = sum(v.nbytes for name, v in tree_flatten(model.parameters()) if ".layers." in name)
+    total = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    layout = catalog.read_layout(path)
+    assert layout is not None
+    assert layout.blocks_fraction == pytest.approx(blocks / total)
+    assert layout.embedding_on_every_rank == (arch == "gemma4_text")
+
+
+@pytest.mark.parametrize("arch", EXPERT_AND_LATENT_ARCHS)
+def test_the_estimate_from_config_json_counts_experts_and_latent_attention(
+    zoo_models: ZooModels, arch: str
+) -> None:
+    # What a hub model's placement has before its files are fetched.
+    path = zoo_models(arch)
+    exact = catalog.read_layout(path)
+    estimate = catalog.layout_of(json.loads((path / "config.json").read_text()))
+    assert exact is not None and estimate is not None
+    assert estimate.blocks_fraction == pytest.approx(exact.blocks_fraction, abs=0.01)
+    assert estimate.embedding_fraction == pytest.approx(exact.embedding_fraction, abs=0.01)

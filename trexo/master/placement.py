@@ -85,7 +85,7 @@ def runner_requirement(
     if shard.sharding == "tensor" or layers is None or layout is None or layout.n_layers <= 0:
         return _ceil_div(need, max(1, shard.world_size))
     share = _fraction(layout.blocks_fraction) * layers / layout.n_layers
-    if shard.rank == 0:
+    if shard.rank == 0 or layout.embedding_on_every_rank:
         share += _fraction(layout.embedding_fraction)
     if shard.rank == shard.world_size - 1:
         share += _fraction(layout.head_fraction)

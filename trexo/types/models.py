@@ -49,6 +49,9 @@ class ModelLayout:
     holds besides its layers; a head tied to the embedding counts the embedding again."""
     blocks_fraction: float = 1.0
     """Share of the weights in the blocks, split among a pipeline's ranks by their layers."""
+    embedding_on_every_rank: bool = False
+    """Every pipeline rank holds the embedding (gemma 4's blocks each read an input computed
+    from the tokens)."""
     pipeline_cuts: tuple[int, ...] | None = None
     """The blocks before which a pipeline may cut, where the architecture limits them
     (`trexo.engine.pipeline_cuts`); None: before any block."""
