@@ -136,6 +136,35 @@ async def test_a_built_demo_model_is_on_disk_from_the_next_scan(
     assert scan.on_disk(demo)
 
 
+async def test_model_directories_in_the_models_folder_are_listed_from_the_next_scan(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    from trexo.engine.demo_model import DEFAULT_DEMO_SIZE, demo_model_name
+
+    models = tmp_path / "models"
+    scan: CatalogScan = await nursery.start(CatalogScan(tmp_path / "hf-cache", models).run)
+    assert scan.models_dir_models() == []
+    for name, config in (
+        ("my-llama", json.dumps(LLAMA)),
+        ("broken", "{not json"),  # listed, placed whole only: no layout
+        (demo_model_name(DEFAULT_DEMO_SIZE), "{}"),  # a built-in, listed as one
+        (".half-built.partial", json.dumps(LLAMA)),  # being built
+    ):
+        (models / name).mkdir(parents=True)
+        (models / name / "config.json").write_text(config)
+    (models / "no-config").mkdir()
+    await scan.rescan()
+    listed = {m.model_id: m for m in scan.models_dir_models()}
+    assert set(listed) == {"my-llama", "broken"}
+    assert listed["my-llama"].source == str((models / "my-llama").resolve())
+    assert listed["my-llama"].layout is not None and listed["broken"].layout is None
+    assert scan.on_disk(listed["my-llama"])
+    (models / "my-llama" / "config.json").unlink()
+    (models / "my-llama" / "model.safetensors").write_bytes(b"")  # the folder changes
+    await scan.rescan()
+    assert ids(scan.models_dir_models()) == {"broken"}
+
+
 # --- a node's listings ------------------------------------------------------------------------
 
 

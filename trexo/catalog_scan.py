@@ -26,9 +26,10 @@ from pathlib import Path
 import attrs
 import trio
 
+from trexo.catalog import local_model_ref
 from trexo.config import CATALOG_RESCAN_INTERVAL_S, CATALOG_SCAN_THREADS, MAX_HUB_JSON_BYTES
 from trexo.engine.demo_model import DEMO_MODEL_NAMES, demo_model_name
-from trexo.errors import HubError
+from trexo.errors import HubError, ModelNotFound
 from trexo.hub.cache import RepoCache, cached_repos
 from trexo.hub.curated import curated_models
 from trexo.hub.local import has_everything
@@ -117,6 +118,37 @@ def _refs(cache: RepoCache) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+@attrs.frozen
+class LocalScan:
+    """What one model directory held when its folder had `mtime_ns`."""
+
+    mtime_ns: int
+    model: ModelRef | None
+
+
+def scan_models_dir(models_dir: Path, previous: dict[str, LocalScan]) -> dict[str, LocalScan]:
+    """The model directories in `models_dir` (blocking): each visible folder that is not a
+    demo model and holds a `config.json`; one read again only when its folder changed."""
+    demo_names = {demo_model_name(size) for size in DEMO_MODEL_NAMES}
+    try:
+        folders = [p for p in models_dir.iterdir() if p.is_dir()]
+    except OSError:
+        return {}
+    found = {}
+    for folder in sorted(folders):
+        if folder.name.startswith(".") or folder.name in demo_names:
+            continue  # a model being built, or a built-in
+        mtime = _mtime_ns(folder)
+        scan = previous.get(folder.name)
+        if scan is None or scan.mtime_ns != mtime:
+            try:
+                scan = LocalScan(mtime, local_model_ref(folder))
+            except ModelNotFound:
+                scan = LocalScan(mtime, None)  # no config.json: not a model
+        found[folder.name] = scan
+    return found
+
+
 class CatalogScan:
     """Start with `await nursery.start(scan.run)`: it returns once the first scan is done."""
 
@@ -143,6 +175,8 @@ class CatalogScan:
         """Local model directories (by `source`) -> whether their `config.json` is there."""
         self._built: frozenset[str] = frozenset()
         """Demo models built in `models_dir` (by size)."""
+        self._in_models_dir: dict[str, LocalScan] = {}
+        """Other model directories in `models_dir` (zoo models, copies), by name."""
         self._downloads_changed = downloads_changed
         self._wanted = trio.Event()
         self.scans = 0
@@ -157,6 +191,11 @@ class CatalogScan:
             found.setdefault(entry.model_id, entry.model_ref())
         return list(found.values())
 
+    def models_dir_models(self) -> list[ModelRef]:
+        """The model directories in `models_dir` at the last scan, demo models aside (as
+        `trexo demo-model --arch NAME` builds them, or a user copies them there)."""
+        return [s.model for s in self._in_models_dir.values() if s.model is not None]
+
     def unusable(self) -> dict[str, str]:
         """Cached repositories that hold no usable model, and why."""
         return {r: s.problem for r, s in self._repos.items() if s.problem is not None}
@@ -167,6 +206,8 @@ class CatalogScan:
             return size in self._built
         revision = model.hub_revision
         if revision is None:
+            if any(s.model == model for s in self._in_models_dir.values()):
+                return True
             if model.source not in self._local_paths:
                 self._local_paths[model.source] = False  # looked at from the next scan on
                 self._wanted.set()
@@ -203,9 +244,13 @@ class CatalogScan:
         repos, local, built = await trio.to_thread.run_sync(
             self._scan, dict(self._repos), list(self._local_paths), limiter=self._limiter
         )
+        in_models_dir = await trio.to_thread.run_sync(
+            scan_models_dir, self._models_dir, dict(self._in_models_dir), limiter=self._limiter
+        )
         self._repos = repos
         self._local_paths.update(local)
         self._built = built
+        self._in_models_dir = in_models_dir
         self.scans += 1
 
     def _scan(

@@ -177,6 +177,7 @@ class Node:
         return [
             *catalog.builtin_models(),
             *self.config.extra_models,
+            *self.catalog_scan.models_dir_models(),
             *self.catalog_scan.hub_models(),
         ]
 
