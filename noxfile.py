@@ -36,9 +36,28 @@ def _workers(default: str) -> str:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite, both tiers, in parallel workers (what CI runs)."""
+    """The whole suite, both tiers, in parallel workers (what CI runs); not the tests that
+    load the machine on purpose (`tests-busy`)."""
     workers = _workers(SUITE_WORKERS)
-    session.run(PYTHON, "-m", "pytest", "-n", workers, "--dist", "loadgroup", *session.posargs)
+    session.run(
+        PYTHON,
+        "-m",
+        "pytest",
+        "-m",
+        "not busy",
+        "-n",
+        workers,
+        "--dist",
+        "loadgroup",
+        *session.posargs,
+    )
+
+
+@nox.session(name="tests-busy")
+def tests_busy(session: nox.Session) -> None:
+    """The tests that load the machine on purpose (4 spinning processes per core), alone,
+    one at a time: failure detection and deadlines on a busy machine."""
+    session.run(PYTHON, "-m", "pytest", "-m", "busy", "-p", "no:xdist", "-s", *session.posargs)
 
 
 @nox.session(name="tests-fast")

@@ -7,7 +7,8 @@ else is **fast**: pure cores, services on `MockClock`, in-process sockets and no
 layer over `FakeNode`, an engine loaded in the test's own process.
 
 `nox -s tests-fast` runs the fast tier (`-m "not slow"`); `nox -s tests` runs both, in
-parallel pytest-xdist workers. `SLOW_PATHS` is the rule: a file or folder listed there is
+parallel pytest-xdist workers, but not the tests that load the machine on purpose
+(`BUSY_PATHS`, `nox -s tests-busy`). `SLOW_PATHS` is the rule: a file or folder listed there is
 slow, everything else fast, and a fast test that starts a process fails, naming this list
 (`StartsNoProcess`), so the rule cannot drift from the tree.
 
@@ -45,7 +46,13 @@ SLOW_PATHS = (
     "tests/zoo/test_zoo_tensor_ranks.py",  # runner processes, one per rank
     "tests/zoo/test_zoo_cluster.py",  # 3 `trexo run` nodes per architecture
     "tests/zoo/test_zoo_pipeline.py",  # the matrix: every architecture over 2 and 3 ranks
+    "tests/test_machine_load.py",  # spinning processes
+    "tests/busy/",
 )
+BUSY_PATHS = ("tests/busy/",)
+"""Tests that load the machine on purpose (`tests/machine_load.py`): marked `busy`, left out
+of `nox -s tests` (they would slow every test beside them) and run alone by
+`nox -s tests-busy`."""
 
 SHARED_SCOPES = ("module", "package", "session")
 
@@ -80,6 +87,8 @@ def shared_process_fixture(item: pytest.Item) -> str | None:
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if any(_relative(config, item).startswith(p) for p in BUSY_PATHS):
+            item.add_marker(pytest.mark.busy)
         if is_slow_path(_relative(config, item)):
             item.add_marker(pytest.mark.slow)
             group = shared_process_fixture(item)

@@ -161,8 +161,9 @@ blocks forever on a peer that never comes); past it the runner is stopped by its
 and the group rebuilt on new ports."""
 GROUP_STALL_TIMEOUT_S = 3.0
 """Inside a rank: longest wait in one collective (a step of its peers, or rank 0's next
-command) before the rank declares the group frozen and exits. Must exceed the longest
-step (a prefill chunk) of the slowest rank."""
+command) before the rank declares the group frozen and exits, on a quiet machine. Must
+exceed the longest step (a prefill chunk) of the slowest rank; stretched by the rank's own
+local health while its process runs late (`trexo.local_health`: up to 9 times)."""
 GROUP_IDLE_TICK_S = 0.25
 """An idle rank 0 shares an empty command this often, so that every rank's wait in a
 collective stays short and a frozen peer is noticed within `GROUP_STALL_TIMEOUT_S`."""
@@ -450,17 +451,25 @@ DEFAULT_NAMESPACE = "trexo"
 """Nodes link only to nodes of the same namespace: several clusters can share a LAN."""
 CLUSTER_SECRET_ENV = "TREXO_CLUSTER_SECRET"
 """Environment variable holding the cluster secret (the CLI's `--cluster-secret` wins)."""
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Version of the peer protocol (handshake, envelopes and their payloads); peers must agree
 exactly. 2: links are encrypted (`trexo.net.secure_channel`), and a node's report lists its
-links (`NodeInfo.peers`), which version 1's strict decoder would drop as an unknown field."""
-HEARTBEAT_INTERVAL_S = 0.4
-"""A link pings its peer this often (measured from ping to ping)."""
-HEARTBEAT_TIMEOUT_S = 0.4
-"""A ping not answered within this long is a miss."""
-HEARTBEAT_MISSES = 2
-"""Consecutive misses that close a link: a frozen peer is noticed within
-`misses * interval + timeout` = 1.2 s with these defaults (`TransportConfig.frozen_peer_bound`)."""
+links (`NodeInfo.peers`), which version 1's strict decoder would drop as an unknown field.
+3: indirect probes (`trexo.net.probe`), a link-level topic version 2 would count as garbage."""
+HEARTBEAT_INTERVAL_S = 0.2
+"""A link pings its peer, and judges its silence, this often."""
+SUSPECT_AFTER_S = 0.6
+"""A peer silent this long (no message, no pong; this node's own stalls not counted) is
+suspect: other linked nodes are asked whether they hear it (`trexo.net.probe`)."""
+LOST_AFTER_S = 1.8
+"""A peer silent this long, heard by no other node either, is lost: its link closes. Longer
+than the longest pause a live process makes on a busy machine (1.2 s measured: a 1.2 s
+SIGSTOP every 3 s at load 8 on 2 cores declared nodes dead with 0.4 s x 2 pings), and within
+2 s of a freeze on a quiet machine (`TransportConfig.frozen_peer_bound`). Both this and
+`SUSPECT_AFTER_S` stretch with this node's own local health (`trexo.local_health`)."""
+VOUCHED_LOST_AFTER_S = 5.4
+"""A peer silent this long on its link to this node is lost even though another node heard
+it: the link alone is broken; the nodes link again."""
 HANDSHAKE_TIMEOUT_S = 5.0
 """Bound on TCP connect + websocket upgrade + hello/proof/ready; slower is closed."""
 SEND_TIMEOUT_S = 5.0
@@ -516,8 +525,9 @@ class TransportConfig:
     Never logged (not in the repr) and never sent."""
     protocol_version: int = PROTOCOL_VERSION
     heartbeat_interval: float = HEARTBEAT_INTERVAL_S
-    heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
-    heartbeat_misses: int = HEARTBEAT_MISSES
+    suspect_after: float = SUSPECT_AFTER_S
+    lost_after: float = LOST_AFTER_S
+    vouched_lost_after: float = VOUCHED_LOST_AFTER_S
     handshake_timeout: float = HANDSHAKE_TIMEOUT_S
     send_timeout: float = SEND_TIMEOUT_S
     close_timeout: float = CLOSE_TIMEOUT_S
@@ -539,11 +549,10 @@ class TransportConfig:
 
     @property
     def frozen_peer_bound(self) -> float:
-        """The longest a frozen peer can stay linked (heartbeats only, no other traffic)."""
-        # The first ping the frozen peer fails to answer leaves at most one period after it
-        # froze; the link closes when the `misses`-th consecutive one times out.
-        period = max(self.heartbeat_interval, self.heartbeat_timeout)
-        return self.heartbeat_misses * period + self.heartbeat_timeout
+        """The longest a frozen peer stays linked on a quiet machine (no other node hears
+        it): its silence is counted from its last pong, before it froze, and judged every
+        `heartbeat_interval`."""
+        return self.lost_after + self.heartbeat_interval
 
 
 # --- discovery -------------------------------------------------------------------------------

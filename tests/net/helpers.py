@@ -31,9 +31,10 @@ TEST_TIMEOUT_S = 10.0
 FAST = TransportConfig(
     host="127.0.0.1",
     port=0,
-    heartbeat_interval=0.2,
-    heartbeat_timeout=0.2,
-    heartbeat_misses=2,
+    heartbeat_interval=0.1,
+    suspect_after=0.3,
+    lost_after=0.6,
+    vouched_lost_after=1.5,
     handshake_timeout=2.0,
     send_timeout=1.0,
     close_timeout=0.1,
@@ -185,6 +186,10 @@ class FreezableProxy:
 
     def freeze(self) -> None:
         self._thawed = trio.Event()
+
+    def thaw(self) -> None:
+        """Traffic flows again, what was held back first (a SIGCONT)."""
+        self._thawed.set()
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

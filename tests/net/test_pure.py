@@ -158,7 +158,7 @@ def test_redial_backoff_grows_to_its_cap() -> None:
 def test_transport_defaults() -> None:
     cfg = TransportConfig()
     assert (cfg.host, cfg.port, cfg.namespace, cfg.secret) == ("0.0.0.0", 52416, "trexo", None)
-    assert cfg.frozen_peer_bound <= 1.5
+    assert cfg.frozen_peer_bound <= 2.0
     assert cfg.hard_message_bytes > cfg.max_message_bytes
     assert DiscoveryConfig().discovery_port == 52417
     assert "s3cret" not in repr(TransportConfig(secret=b"s3cret"))

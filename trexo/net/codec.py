@@ -3,9 +3,10 @@ the link (`secure_channel`) (pure logic).
 
     {"topic": "election", "sender": "<node id>", "payload": {"type": "Campaign", ...}}
 
-The payload is the topic's union (`payload_type`) as tagged JSON. One more topic, `peers`,
-is the link's own: it carries gossip (`PeerList`) for the transport and never reaches the
-router. Decoding raises only `WireError`s: the link drops the message and logs why.
+The payload is the topic's union (`payload_type`) as tagged JSON. Two more topics are the
+link's own and never reach the router: `peers` carries gossip (`PeerList`) and `probe`
+indirect probes (`Probe`), both for the transport. Decoding raises only `WireError`s: the
+link drops the message and logs why.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import json
 from trexo import safe_json, wire
 from trexo.errors import FrameTooLarge, MalformedMessage
 from trexo.net.gossip import PeerList
+from trexo.net.probe import Probe
 from trexo.net.router import Envelope
 from trexo.net.topics import Topic, payload_type
 from trexo.types.ids import NodeId
 
 PEERS_TOPIC = "peers"
 """The link-level topic of gossip; not a router `Topic`."""
+PROBE_TOPIC = "probe"
+"""The link-level topic of indirect probes (`trexo.net.probe`); not a router `Topic`."""
 ENVELOPE_FIELDS = frozenset({"topic", "sender", "payload"})
 
 
@@ -35,12 +39,19 @@ def encode_peer_list(sender: NodeId, peers: PeerList) -> str:
     return _frame(PEERS_TOPIC, sender, wire.to_json(peers, PeerList).decode())
 
 
+def encode_probe(sender: NodeId, probe: Probe) -> str:
+    """The message for an indirect probe or its answer (ASCII JSON)."""
+    return _frame(PROBE_TOPIC, sender, wire.to_json(probe, Probe).decode())
+
+
 def _frame(topic: str, sender: NodeId, payload_json: str) -> str:
     # Spliced rather than re-parsed: the payload is already JSON from the converter.
     return f'{{"topic":{json.dumps(topic)},"sender":{json.dumps(sender)},"payload":{payload_json}}}'
 
 
-def decode_message(message: str | bytes, *, sender: NodeId, max_bytes: int) -> Envelope | PeerList:
+def decode_message(
+    message: str | bytes, *, sender: NodeId, max_bytes: int
+) -> Envelope | PeerList | Probe:
     """Decode one message (opened: the link has checked it came from peer `sender`)."""
     # Our JSON is ASCII (json.dumps escapes the rest), so characters count bytes.
     if len(message) > max_bytes:
@@ -58,6 +69,9 @@ def decode_message(message: str | bytes, *, sender: NodeId, max_bytes: int) -> E
     if topic_name == PEERS_TOPIC:
         peers: PeerList = wire.structure(raw["payload"], PeerList)
         return peers
+    if topic_name == PROBE_TOPIC:
+        probe: Probe = wire.structure(raw["payload"], Probe)
+        return probe
     try:
         topic = Topic(topic_name)
     except ValueError:

@@ -3,7 +3,8 @@ sealed into one binary message by the link's `SecureChannel` (agreed by the hand
 
 A `Link` is the router's `PeerLink`. Its `run` reads (and hands each envelope to the
 router), pings the peer on a heartbeat, and returns when the link is over: the peer closed
-it or died (the reader sees that at once), stopped answering pings, sent too much garbage,
+it or died (the reader sees that at once), stayed silent too long (suspect first, while
+other nodes are asked whether they hear it: `Transport`), sent too much garbage,
 or `close()` was called (by a stuck send, or the transport replacing a duplicate).
 Closing the websocket is separate (`aclose`), so that the transport can detach the link
 from the router first: a lost peer is reported before any closing handshake is waited for.
@@ -11,7 +12,7 @@ from the router first: a lost peer is reported before any closing handshake is w
 The reader hands envelopes to the router in order and waits for it: a subscriber that stops
 reading (after its buffer of `SUBSCRIBER_BUFFER`) stalls this link, then trio-websocket's
 queue, and then its pong replies, so the link closes on heartbeats. Pings share the socket
-with messages: a message must be sendable well within `heartbeat_timeout` (16 MiB is ~0.13 s
+with messages: a message must be sendable well within `suspect_after` (16 MiB is ~0.13 s
 at 1 Gbit/s).
 
 A message that does not open (tampered with, replayed, reordered, or not sealed at all) ends
@@ -33,10 +34,12 @@ from trio_websocket import ConnectionClosed, Endpoint, WebSocketConnection
 
 from trexo.config import TransportConfig
 from trexo.errors import SecureChannelError, WireError
-from trexo.net.codec import decode_message, encode_envelope, encode_peer_list
+from trexo.local_health import LocalHealth
+from trexo.net.codec import decode_message, encode_envelope, encode_peer_list, encode_probe
 from trexo.net.duplicates import LinkKey
 from trexo.net.garbage import GarbageMeter
 from trexo.net.gossip import PeerInfo, PeerList
+from trexo.net.probe import Probe
 from trexo.net.router import Envelope
 from trexo.net.secure_channel import SecureChannel
 from trexo.types.ids import NodeId
@@ -52,7 +55,7 @@ CLOSE_POLICY = 1008
 CLOSE_SUPERSEDED = 4001
 """A duplicate connection between the same two nodes; the other one is kept."""
 CLOSE_UNRESPONSIVE = 4002
-"""The peer stopped answering pings, or a send to it blocked too long."""
+"""The peer was silent too long, or a send to it blocked too long."""
 CLOSE_REFUSED = 4003
 """The handshake refused the link; the refusal message said why."""
 CLOSE_TAMPERED = 4004
@@ -69,10 +72,14 @@ class LinkEnd:
     reason: str
     superseded_by_peer: bool = False
     """The peer closed this link because it keeps another connection to us."""
+    peer_heard_elsewhere: bool = False
+    """The link went silent, but another node still heard the peer: it is alive (dial it
+    again)."""
 
 
 OnEnvelope = Callable[[Envelope], Awaitable[None]]
 OnPeerList = Callable[["Link", PeerList], None]
+OnProbe = Callable[["Link", Probe], None]
 
 
 class Link:
@@ -86,7 +93,11 @@ class Link:
         key: LinkKey,
         address: str,
         config: TransportConfig,
+        health: LocalHealth | None = None,
+        on_suspect: Callable[[Link], None] = lambda link: None,
     ) -> None:
+        """`health`: this node's (shared by its links); `on_suspect(link)`: the peer has been
+        silent past `suspect_after` (the transport asks other nodes about it)."""
         self.info = info
         """The peer as gossip describes it: id, host as this connection sees it, peer port."""
         self.key = key
@@ -103,6 +114,12 @@ class Link:
         self._close_reason = "node stopping"
         self._garbage = GarbageMeter(config.garbage_limit, config.garbage_window)
         self._ping_ids = itertools.count()
+        self._health = health or LocalHealth()
+        self._on_suspect = on_suspect
+        self._suspected = False
+        self._vouched_at: float | None = None
+        self.last_heard = trio.current_time()
+        """When the peer was last heard: a message read, or a pong."""
 
     @property
     def peer_id(self) -> NodeId:
@@ -125,6 +142,9 @@ class Link:
 
     async def send_peer_list(self, peers: PeerList) -> None:
         await self._send(encode_peer_list(self._local_id, peers))
+
+    async def send_probe(self, probe: Probe) -> None:
+        await self._send(encode_probe(self._local_id, probe))
 
     async def _send(self, text: str) -> None:
         # A checkpoint even when nothing is sent: a publisher looping over a closing link
@@ -177,12 +197,14 @@ class Link:
             self._close_code, self._close_reason = code, reason
         self._scope.cancel()
 
-    async def run(self, on_envelope: OnEnvelope, on_peer_list: OnPeerList) -> LinkEnd:
+    async def run(
+        self, on_envelope: OnEnvelope, on_peer_list: OnPeerList, on_probe: OnProbe
+    ) -> LinkEnd:
         """Carry messages until the link is over; says why it ended."""
         with self._scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeat)
-                await self._read(on_envelope, on_peer_list)
+                await self._read(on_envelope, on_peer_list, on_probe)
                 nursery.cancel_scope.cancel()
         assert self._end is not None
         return self._end
@@ -193,7 +215,9 @@ class Link:
         with trio.move_on_after(self._config.close_timeout, shield=True):
             await self._ws.aclose(self._close_code, reason)
 
-    async def _read(self, on_envelope: OnEnvelope, on_peer_list: OnPeerList) -> None:
+    async def _read(
+        self, on_envelope: OnEnvelope, on_peer_list: OnPeerList, on_probe: OnProbe
+    ) -> None:
         opener = self._channel.opener
         while True:
             try:
@@ -201,6 +225,7 @@ class Link:
             except ConnectionClosed as exc:
                 self._peer_closed(exc)
                 return
+            self.heard()
             if isinstance(message, str):
                 self._tampered(f"an unsealed text message ({len(message)} characters)")
                 return
@@ -232,6 +257,8 @@ class Link:
                 continue
             if isinstance(item, PeerList):
                 on_peer_list(self, item)
+            elif isinstance(item, Probe):
+                on_probe(self, item)
             else:
                 await on_envelope(item)
 
@@ -252,26 +279,66 @@ class Link:
             superseded_by_peer=close.code == CLOSE_SUPERSEDED,
         )
 
+    # --- failure detection -----------------------------------------------------------------
+
+    def heard_ago(self, now: float) -> float:
+        """Seconds since the peer was last heard (a message or a pong), this node's own stalls
+        not counted: they are no silence of the peer's."""
+        silence = now - self.last_heard
+        return max(0.0, silence - self._health.stalled_since(self.last_heard))
+
+    def vouch(self, now: float) -> None:
+        """Another node heard the peer recently: it is alive, only this link is silent."""
+        self._vouched_at = now
+
     async def _heartbeat(self) -> None:
+        """Ping the peer every `heartbeat_interval` and judge its silence: suspect past
+        `suspect_after` (others are asked whether they hear it), lost past `lost_after`
+        (`vouched_lost_after` if another node heard it meanwhile), both stretched by this
+        node's own local-health multiplier."""
         cfg = self._config
-        misses = 0
-        while True:
-            started = trio.current_time()
-            payload = next(self._ping_ids).to_bytes(8, "big")  # unique: ping() refuses repeats
-            with trio.move_on_after(cfg.heartbeat_timeout) as ping:
-                try:
-                    await self._ws.ping(payload)
-                except ConnectionClosed:
-                    return  # the reader reports it
-            if not ping.cancelled_caught:
-                misses = 0
-            else:
-                misses += 1
-                log.debug(
-                    "peer %s missed heartbeat %d of %d", self.peer_id, misses, cfg.heartbeat_misses
-                )
-                if misses >= cfg.heartbeat_misses:
-                    reason = f"{misses} pings unanswered within {cfg.heartbeat_timeout:g}s"
-                    self.close(reason, CLOSE_UNRESPONSIVE)
+        async with trio.open_nursery() as pings:
+            due = trio.current_time()
+            while True:
+                now = trio.current_time()
+                self._health.observe(now, now - due)  # this task's own lateness
+                pings.start_soon(self._ping_once)
+                if self._judge(now):
                     return
-            await trio.sleep_until(started + cfg.heartbeat_interval)
+                due = now + cfg.heartbeat_interval
+                await trio.sleep_until(due)
+
+    def _judge(self, now: float) -> bool:
+        """Whether the link just closed for silence."""
+        cfg = self._config
+        silence = self.heard_ago(now)
+        stretch = self._health.multiplier(now)
+        if silence < cfg.suspect_after * stretch:
+            self._suspected = False
+            return False
+        if not self._suspected:
+            self._suspected = True
+            log.info("peer %s is suspect: silent for %.2fs", self.peer_id, silence)
+            self._on_suspect(self)
+        vouched = self._vouched_at is not None and self._vouched_at >= self.last_heard
+        limit = (cfg.vouched_lost_after if vouched else cfg.lost_after) * stretch
+        if silence < limit:
+            return False
+        others = ", though another node heard it" if vouched else ", nor heard by others"
+        reason = f"silent for {silence:.1f}s{others}"
+        if self._end is None:
+            self._end = LinkEnd(reason, peer_heard_elsewhere=vouched)
+        self.close(reason, CLOSE_UNRESPONSIVE)
+        return True
+
+    async def _ping_once(self) -> None:
+        payload = next(self._ping_ids).to_bytes(8, "big")  # unique: ping() refuses repeats
+        with trio.move_on_after(self._config.vouched_lost_after):
+            try:
+                await self._ws.ping(payload)
+            except ConnectionClosed:
+                return  # the reader reports it
+            self.heard()
+
+    def heard(self) -> None:
+        self.last_heard = trio.current_time()

@@ -42,13 +42,15 @@ from wsproto.utilities import LocalProtocolError
 
 from trexo.config import PEER_REFUSALS_LOG_INTERVAL_S, TransportConfig
 from trexo.errors import DialFailed, LinkError, PeerRefused
+from trexo.local_health import LocalHealth
 from trexo.net import handshake as hs
 from trexo.net.admission import HandshakeAdmission
 from trexo.net.dial_queue import DialQueue
 from trexo.net.duplicates import LinkKey, keep_new
 from trexo.net.gossip import PeerInfo, PeerList, implausible_address, peer_lists, should_dial
 from trexo.net.handshake_io import Agreement, accept_handshake, dial_handshake
-from trexo.net.link import CLOSE_REFUSED, CLOSE_SUPERSEDED, MAX_CLOSE_REASON, Link
+from trexo.net.link import CLOSE_REFUSED, CLOSE_SUPERSEDED, MAX_CLOSE_REASON, Link, LinkEnd
+from trexo.net.probe import PROBE_FANOUT, Probe
 from trexo.net.router import Router
 from trexo.net.secure_channel import SecureChannel
 from trexo.safe_json import bounded, excerpt
@@ -107,6 +109,8 @@ class Transport:
             now=0.0,
         )
         self._dial_queued = trio.Event()
+        self._health = LocalHealth()
+        """This node's own slowness, which its links discount from their peers' silence."""
 
     @property
     def node_id(self) -> NodeId:
@@ -407,6 +411,8 @@ class Transport:
             key=key,
             address=address,
             config=self.config,
+            health=self._health,
+            on_suspect=self._on_suspect,
         )
 
     async def _serve(
@@ -420,8 +426,9 @@ class Transport:
             await link.aclose()
             return
         self._heard_of(their_peers)
+        end: LinkEnd | None = None
         try:
-            end = await link.run(self.router.deliver, self._on_peer_list)
+            end = await link.run(self.router.deliver, self._on_peer_list, self._on_probe)
             if end.superseded_by_peer:
                 await self._wait_replaced(link)
             if self._links.get(link.peer_id) is link:
@@ -429,6 +436,8 @@ class Transport:
         finally:
             self._release(link)
             await link.aclose()
+        if end is not None and end.peer_heard_elsewhere:  # alive; only the connection is not
+            self.dial_discovered(link.info.host, link.info.port, link.peer_id)
 
     def _adopt(self, link: Link) -> bool:
         existing = self._links.get(link.peer_id)
@@ -464,6 +473,43 @@ class Transport:
         self._links_changed.set()
         self._links_changed = trio.Event()
         self._gossip_due.set()
+
+    # --- indirect probes ---------------------------------------------------------------------
+
+    def _on_suspect(self, link: Link) -> None:
+        """`link`'s peer has gone silent: ask a few other linked nodes whether they hear it."""
+        others = [other for peer, other in self._links.items() if peer != link.peer_id]
+        nursery = self._nursery
+        if nursery is None:
+            return
+        for other in others[:PROBE_FANOUT]:
+            nursery.start_soon(self._send_probe, other, Probe(link.peer_id, ask=True))
+
+    def _on_probe(self, link: Link, probe: Probe) -> None:
+        nursery = self._nursery
+        subject = self._links.get(probe.about)
+        if probe.ask:
+            now = trio.current_time()
+            heard = subject.heard_ago(now) if subject is not None else None
+            if nursery is not None:
+                answer = Probe(probe.about, ask=False, heard_ago=heard)
+                nursery.start_soon(self._send_probe, link, answer)
+            return
+        if subject is None or probe.heard_ago is None:
+            return
+        if probe.heard_ago < self.config.suspect_after:
+            log.info(
+                "peer %s is alive: %s heard it %.2fs ago",
+                probe.about,
+                link.peer_id,
+                probe.heard_ago,
+            )
+            subject.vouch(trio.current_time())
+
+    @staticmethod
+    async def _send_probe(link: Link, probe: Probe) -> None:
+        with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await link.send_probe(probe)  # else the link is going; its end reports itself
 
     # --- gossip ------------------------------------------------------------------------------
 

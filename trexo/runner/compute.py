@@ -170,10 +170,11 @@ class ComputeThread:
         with self._lock:
             return sorted(self._pending)
 
-    def stalled_for(self, now: float | None = None) -> float | None:
-        """Seconds this rank has waited on its peers, if more than the stall timeout."""
+    def stalled_for(self, now: float | None = None, stretch: float = 1.0) -> float | None:
+        """Seconds this rank has waited on its peers, if more than the stall timeout times
+        `stretch`."""
         waited = self.watch.waited(now)
-        return waited if waited > self.stall_timeout else None
+        return waited if waited > self.stall_timeout * stretch else None
 
     # --- the compute thread ---------------------------------------------------------------
 

@@ -16,12 +16,14 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import trio
 
 from trexo.config import COMPUTE_JOIN_TIMEOUT_S, MAX_FRAME_BYTES
 from trexo.errors import WireError
+from trexo.local_health import LocalHealth
 from trexo.runner.compute import GROUP_FAILURE, ComputeThread
 from trexo.runner.exit_codes import (
     EXIT_COMPUTE_STUCK,
@@ -138,15 +140,21 @@ async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
 async def _watch_for_stalls(
     compute: ComputeThread, post: Callable[[FromRunner], None], drain: Callable[[float], bool]
 ) -> None:
-    """Exit hard once the compute thread has waited on its peers past the stall timeout.
+    """Exit hard once the compute thread has waited on its peers past the stall timeout,
+    stretched while this process itself runs late (a busy machine slows every rank's steps;
+    `trexo.local_health`).
 
     A frozen peer makes no collective fail, and after the ring gave up on a dead peer a
     collective queued behind the failed one neither completes nor raises: only this ends
     such a rank. Rank 0 first fails its requests, so that their clients learn why.
     """
+    health = LocalHealth()
     while True:
+        due = time.monotonic() + STALL_CHECK_INTERVAL_S
         await trio.sleep(STALL_CHECK_INTERVAL_S)
-        waited = compute.stalled_for()
+        now = time.monotonic()
+        health.observe(now, now - due)  # this process starved of CPU: so may its peers be
+        waited = compute.stalled_for(now, stretch=health.multiplier(now))
         if waited is None:
             continue
         log.error("rank %s: group stalled, %.1f s in one collective; exiting", compute.rank, waited)
