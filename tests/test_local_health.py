@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trexo.local_health import LocalHealth
+from trexo.local_health import LocalHealth, load_stretch
 
 
 def test_scheduling_jitter_is_not_a_stall() -> None:
@@ -60,3 +60,10 @@ def test_the_stalled_time_never_exceeds_the_time_elapsed(stalls: list[tuple[floa
     for since in (0.0, now / 2, now):
         assert 0.0 <= health.stalled_since(since) <= max(0.0, now - since) + 1e-9
     assert 1.0 <= health.multiplier(now) <= 1.0 + health.max_score
+
+
+def test_a_busy_machine_stretches_bounds_in_proportion_to_its_load() -> None:
+    assert load_stretch(0.5, 2) == 1.0  # idle cores: no stretch
+    assert load_stretch(2.0, 2) == 1.0
+    assert load_stretch(10.0, 2) == 5.0
+    assert load_stretch(3.0, 0) == 3.0  # no core count known: one

@@ -12,10 +12,15 @@ lengthens its own timeouts, instead of accusing others. Here:
   recorded, and the time it lasted does not count as a peer's silence (`stalled_since`);
 - each stall raises the score by one (up to `max_score`); each `recovery` seconds without a
   stall lowers it by one; timeouts are multiplied by `1 + score` (`multiplier`).
+
+A process can be slowed without its own timers firing late: a rank waiting in a collective
+for a peer that shares its busy machine. For such bounds, `machine_load_stretch` reads the
+machine's load average (more runnable processes than cores: everything takes longer).
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 
 LAG_THRESHOLD_S = 0.1
@@ -68,3 +73,20 @@ class LocalHealth:
     def stalled_since(self, since: float) -> float:
         """Seconds this node was stalled after `since` (not a peer's silence)."""
         return sum(max(0.0, end - max(start, since)) for start, end in self._stalls)
+
+
+def load_stretch(load_average: float, cores: int) -> float:
+    """How much longer work takes on a machine whose run queue holds `load_average`
+    processes for `cores` cores: 1.0 up to one per core, then in proportion."""
+    return max(1.0, load_average / max(1, cores))
+
+
+def machine_load_stretch() -> float:
+    """`load_stretch` of this machine now (its 1-minute load average), for bounds on work
+    that several processes of this machine share: ranks of one split model starting and
+    stepping together wait on each other's CPU time."""
+    try:
+        load_average = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return load_stretch(load_average, os.cpu_count() or 1)

@@ -125,9 +125,11 @@ async def running_group(
     *,
     config: RunnerConfig = GROUP_CONFIG,
     envs: Sequence[dict[str, str] | None] | None = None,
+    hang_bound: float = TEST_TIMEOUT_S,
 ) -> AsyncIterator[Ranks]:
-    """`world_size` runners serving one split model; all stopped and reaped on exit."""
-    with trio.fail_after(TEST_TIMEOUT_S):
+    """`world_size` runners serving one split model; all stopped and reaped on exit.
+    `hang_bound` catches hangs only: the whole block, start to stop."""
+    with trio.fail_after(hang_bound):
         async with trio.open_nursery() as nursery:
             supervisors = group_supervisors(tmp_path, world_size, config=config, envs=envs)
             ranks = Ranks(supervisors, [trio.CancelScope() for _ in supervisors])

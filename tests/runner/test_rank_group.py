@@ -248,11 +248,15 @@ async def test_a_frozen_rank_is_left_by_the_others_after_the_stall_timeout(
             os.kill(pid, signal.SIGCONT)
         # Woken, the frozen rank finds its group gone and leaves by itself too.
         await wait_exited([victim], trio.current_time())
-    assert STALL_TIMEOUT_S <= exited[0] < STALL_TIMEOUT_S + EXIT_BOUND_S
+    stalled = [r.getMessage() for r in caplog.records if "rank 0: group stalled" in r.getMessage()]
+    assert stalled
+    # The bound is the stall timeout, stretched on a busy machine (the log line says by how
+    # much); the rank leaves once past it.
+    bound = float(re.search(r"\(bound ([\d.]+) s\)", stalled[0])[1])  # type: ignore[index]
+    assert bound >= STALL_TIMEOUT_S and STALL_TIMEOUT_S <= exited[0] < bound + EXIT_BOUND_S
     assert ranks[0].exit_cause == STALLED
     assert victim.exit_cause is not None
     assert victim.exit_cause.startswith(("exit code 5", "exit code 6"))
-    assert any("rank 0: group stalled" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_group_whose_rank_1_never_comes_fails_to_load_and_rank_0_is_reaped(
@@ -265,11 +269,12 @@ async def test_a_group_whose_rank_1_never_comes_fails_to_load_and_rank_0_is_reap
         async with trio.open_nursery() as nursery:
             [rank0] = group_supervisors(tmp_path, 1, config=config)
             await nursery.start(rank0.run)
+            # (The bound stretches on a busy machine: the message gives it.)
             expected = (
-                f"rank 0 of 2 did not join its group within {INIT_TIMEOUT_S} s "
-                f"(hosts {', '.join(group.hosts)})"
+                r"rank 0 of 2 did not join its group within [\d.]+ s of starting to connect "
+                + re.escape(f"(hosts {', '.join(group.hosts)})")
             )
-            with pytest.raises(LoadFailed, match=re.escape(expected)):
+            with pytest.raises(LoadFailed, match=expected):
                 await rank0.load(varied_model, shard, group)
             stopping = trio.current_time()
             nursery.cancel_scope.cancel()

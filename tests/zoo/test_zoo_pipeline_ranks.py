@@ -17,6 +17,7 @@ from trexo.types.ids import RequestId
 
 from .models import LONG_QUESTION, ZooModels, greedy
 from .test_zoo_pipeline import MAX_TOKENS
+from .test_zoo_tensor_ranks import HANG_BOUND_S
 
 SPLIT = (
     pytest.param("gemma3_text", 3, id="gemma3_text-3"),  # sliding-window and global layers
@@ -38,5 +39,5 @@ async def test_a_pipeline_of_rank_processes_answers_as_mlx_lm(
         messages=(ChatMessage("user", LONG_QUESTION),),
         params=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
     )
-    async with running_group(tmp_path, path, ranks) as group:
+    async with running_group(tmp_path, path, ranks, hang_bound=HANG_BOUND_S) as group:
         assert tokens_of(await collect(group[0], request)) == expected

@@ -40,6 +40,7 @@ from trexo.types.ipc import (
     ChunkMessage,
     FromRunner,
     GroupJoined,
+    JoiningGroup,
     LoadModel,
     RequestFailed,
     StatusReport,
@@ -412,6 +413,9 @@ class ComputeThread:
             job.group.epoch,
             ", ".join(hosts),
         )
+        from trexo.engine.sharding import GroupLink, join_group  # seconds on a busy machine
+
+        self._post(JoiningGroup(rank, len(hosts)))
         # `init` holds the GIL until every peer is there: this process's trio side cannot
         # send anything meanwhile, so make sure the parent knows we are joining first.
         if not self._drain(DRAIN_BEFORE_JOIN_TIMEOUT_S):
@@ -420,8 +424,6 @@ class ComputeThread:
             return None
         started = time.monotonic()
         try:
-            from trexo.engine.sharding import GroupLink, join_group
-
             world = join_group(job.group, rank, job.group_init_timeout + INIT_GIVE_UP_MARGIN_S)
         except Exception as exc:
             log.exception("rank %d: could not join the group", rank)

@@ -23,7 +23,7 @@ import trio
 
 from trexo.config import COMPUTE_JOIN_TIMEOUT_S, MAX_FRAME_BYTES
 from trexo.errors import WireError
-from trexo.local_health import LocalHealth
+from trexo.local_health import LocalHealth, machine_load_stretch
 from trexo.runner.compute import GROUP_FAILURE, ComputeThread
 from trexo.runner.exit_codes import (
     EXIT_COMPUTE_STUCK,
@@ -141,8 +141,8 @@ async def _watch_for_stalls(
     compute: ComputeThread, post: Callable[[FromRunner], None], drain: Callable[[float], bool]
 ) -> None:
     """Exit hard once the compute thread has waited on its peers past the stall timeout,
-    stretched while this process itself runs late (a busy machine slows every rank's steps;
-    `trexo.local_health`).
+    stretched while this process itself runs late and while the machine is busy (both slow
+    every rank's steps; `trexo.local_health`).
 
     A frozen peer makes no collective fail, and after the ring gave up on a dead peer a
     collective queued behind the failed one neither completes nor raises: only this ends
@@ -157,7 +157,18 @@ async def _watch_for_stalls(
         waited = compute.stalled_for(now, stretch=health.multiplier(now))
         if waited is None:
             continue
-        log.error("rank %s: group stalled, %.1f s in one collective; exiting", compute.rank, waited)
+        # Past the bound: unless the whole machine is busy (then so are the peers, whose
+        # steps this rank waits on), the group is stalled.
+        stretch = health.multiplier(now) * machine_load_stretch()
+        if compute.stalled_for(now, stretch=stretch) is None:
+            continue
+        bound = compute.stall_timeout * stretch
+        log.error(
+            "rank %s: group stalled, %.1f s in one collective (bound %.1f s); exiting",
+            compute.rank,
+            waited,
+            bound,
+        )
         message = f"rank group stalled: no word from the other ranks for {waited:.1f} s"
         for request_id in compute.active_requests():
             post(RequestFailed(request_id, message, GROUP_FAILURE))

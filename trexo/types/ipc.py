@@ -88,6 +88,16 @@ class RequestFailed:
 
 
 @attrs.frozen
+class JoiningGroup:
+    """Posted as the rank starts to connect to its peers (`mx.distributed.init`), its own
+    start-up done (the interpreter, MLX and mlx-lm imported): from here the group must form
+    within the group's bound; before, a busy machine may take its time."""
+
+    rank: int
+    world_size: int
+
+
+@attrs.frozen
 class GroupJoined:
     """Posted as soon as `mx.distributed.init` returned: every rank of the group is up."""
 
@@ -119,4 +129,12 @@ class CacheReport:
     stats: PromptCacheStats
 
 
-FromRunner = StatusReport | ChunkMessage | ChunkBatch | RequestFailed | GroupJoined | CacheReport
+FromRunner = (
+    StatusReport
+    | ChunkMessage
+    | ChunkBatch
+    | RequestFailed
+    | JoiningGroup
+    | GroupJoined
+    | CacheReport
+)

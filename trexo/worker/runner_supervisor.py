@@ -31,6 +31,7 @@ from trexo.errors import (
     RunnerUnavailable,
     WireError,
 )
+from trexo.local_health import machine_load_stretch
 from trexo.runner.exit_codes import describe_exit
 from trexo.types.chunks import Chunk
 from trexo.types.failure import FailureKind
@@ -44,6 +45,7 @@ from trexo.types.ipc import (
     FromRunner,
     Generate,
     GroupJoined,
+    JoiningGroup,
     LoadModel,
     PromptCacheStats,
     RequestFailed,
@@ -157,6 +159,8 @@ class RunnerSupervisor:
         self.stop_step: str | None = None
         """Which step of the stop ladder ended the process, if the ladder ran."""
         self.pid: int | None = None
+        self.joining_group: JoiningGroup | None = None
+        """Set when the rank's own start-up is done and it connects to its peers."""
         self.joined_group: GroupJoined | None = None
         self.prompt_cache = PromptCacheStats()
         """The runner's prompt cache, as it last reported it."""
@@ -294,6 +298,9 @@ class RunnerSupervisor:
         match msg:
             case StatusReport(status=status):
                 self._set_status(status)
+            case JoiningGroup():
+                self.joining_group = msg
+                self._notify()
             case GroupJoined():
                 self.joined_group = msg
                 self._notify()
@@ -381,19 +388,22 @@ class RunnerSupervisor:
     ) -> None:
         """Load and warm up a model; raise `LoadFailed` unless the runner becomes ready.
 
-        With `group`, the runner is rank `shard.rank` of a split model: it must first join
-        the group within `config.group_init_timeout` (every rank's runner loads at the same
-        time, rank 0's first), then load its part within `config.load_timeout`. A runner
+        With `group`, the runner is rank `shard.rank` of a split model: once started, it
+        must join the group within `config.group_init_timeout` (every rank's runner loads
+        at the same time, rank 0's first), then load its part within `config.load_timeout`. A runner
         that fails to join is stuck in `mx.distributed.init`: stop it (cancel `run`).
         """
         config = self.config
+        # Every rank of a group starts at once: on a busy machine their start-ups and the
+        # ring's connection take longer, and this rank's bound on them stretches.
+        init_timeout = round(config.group_init_timeout * machine_load_stretch(), 1)
         await self._send(
             LoadModel(
                 str(model_dir),
                 shard,
                 config.prefill_step,
                 group=group,
-                group_init_timeout=config.group_init_timeout,
+                group_init_timeout=init_timeout,
                 group_stall_timeout=config.group_stall_timeout,
                 group_idle_tick=config.group_idle_tick,
                 max_batch=config.max_batch,
@@ -401,7 +411,7 @@ class RunnerSupervisor:
             )
         )
         if group is not None:
-            await self._wait_joined(shard, group)
+            await self._wait_joined(shard, group, init_timeout)
         with trio.move_on_after(self.config.load_timeout) as scope:
             status = await self.wait_status(lambda s: isinstance(s, RunnerReady))
         if scope.cancelled_caught:
@@ -413,19 +423,40 @@ class RunnerSupervisor:
             permanent = isinstance(status, RunnerFailed) and status.permanent
             raise LoadFailed(f"runner {self.runner_id}: {cause}", permanent=permanent)
 
-    async def _wait_joined(self, shard: ShardSpec, group: RankGroup) -> None:
-        timeout = self.config.group_init_timeout
-        with trio.move_on_after(timeout):
-            await self.wait_status(lambda _: self.joined_group is not None)
+    async def _wait_joined(self, shard: ShardSpec, group: RankGroup, join_bound: float) -> None:
+        """Wait for the rank to join its group: its own start-up (imports, seconds on a busy
+        machine) bounded only by `load_timeout`, then the connection to its peers by
+        `join_bound` (`group_init_timeout`, stretched on a busy machine)."""
+        ranks = len(group.hosts)
+        with trio.move_on_after(self.config.load_timeout):
+            await self.wait_status(
+                lambda s: (
+                    self.joining_group is not None
+                    or self.joined_group is not None
+                    or isinstance(s, TERMINAL_STATUSES)
+                )
+            )
+        self._raise_if_ended()
+        if self.joining_group is None and self.joined_group is None:
+            raise LoadFailed(
+                f"rank {shard.rank} of {ranks} did not start within {self.config.load_timeout} s"
+            )
+        with trio.move_on_after(join_bound):
+            await self.wait_status(
+                lambda s: self.joined_group is not None or isinstance(s, TERMINAL_STATUSES)
+            )
         if self.joined_group is not None:
             return
+        self._raise_if_ended()
+        raise LoadFailed(
+            f"rank {shard.rank} of {ranks} did not join its group within "
+            f"{join_bound} s of starting to connect (hosts {', '.join(group.hosts)})"
+        )
+
+    def _raise_if_ended(self) -> None:
         if isinstance(self.status, TERMINAL_STATUSES):
             cause = getattr(self.status, "cause", repr(self.status))
             raise LoadFailed(f"runner {self.runner_id}: {cause}")
-        raise LoadFailed(
-            f"rank {shard.rank} of {len(group.hosts)} did not join its group within "
-            f"{timeout} s (hosts {', '.join(group.hosts)})"
-        )
 
     @asynccontextmanager
     async def open_generation(self, request: GenerationRequest) -> AsyncIterator[ChunkStream]:
