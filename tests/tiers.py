@@ -47,6 +47,7 @@ SLOW_PATHS = (
     "tests/zoo/test_zoo_cluster.py",  # 3 `trexo run` nodes per architecture
     "tests/zoo/test_zoo_pipeline.py",  # the matrix: every architecture over 2 and 3 ranks
     "tests/test_machine_load.py",  # spinning processes
+    "tests/test_progress_processes.py",  # processes that work or sleep
     "tests/busy/",
 )
 BUSY_PATHS = ("tests/busy/",)

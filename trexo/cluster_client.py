@@ -135,6 +135,11 @@ class SessionTracker:
         """The current session's state is whole (its master opened it)."""
         return self.view is not None and self.view.state.opened
 
+    async def wait_opened(self) -> None:
+        """Until the current session's master has opened it (or the session changes)."""
+        while not self.opened:
+            await self.wait_state_change(self.state())
+
     async def wait_state_change(self, seen: State) -> None:
         """Until `state()` is no longer `seen` (the state the caller looked at), or the
         session changes. Passing what was seen closes the gap between looking and waiting."""
@@ -403,11 +408,19 @@ class ClusterClient:
             nursery.start_soon(receive)
             nursery.start_soon(until_session_changes)
             pause = COMMAND_RESEND_INITIAL_S
+            opened = self._sessions.opened
             try:
                 while True:
                     self._hub.sent_to(command.command_id, session.master_id)
                     await self._router.send(session.master_id, Topic.COMMANDS, command)
-                    await trio.sleep(pause)
+                    with trio.move_on_after(pause):
+                        if opened:
+                            await trio.sleep_forever()
+                        # Sent before the new master subscribed, a command is not heard:
+                        # once it has opened the session, send again at once.
+                        await self._sessions.wait_opened()
+                        opened = True
+                        continue
                     pause = min(COMMAND_RESEND_MAX_S, 2 * pause)
             except PeerUnreachable:
                 # Its link is gone: the election is about to replace it.

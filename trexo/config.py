@@ -92,8 +92,17 @@ COMPUTE_JOIN_TIMEOUT_S = 1.5
 """Inside a runner: how long to wait for the compute thread to finish before `os._exit`."""
 RUNNER_OPENBLAS_THREADS = 1
 """Several MLX processes on one machine thrash with OpenBLAS's default thread count."""
-LOAD_TIMEOUT_S = 300.0
-"""Upper bound on loading a model into a runner (bounds the wait, not the runner)."""
+LOAD_SILENCE_S = 120.0
+"""How long a starting or loading runner may show no progress (less than `PROGRESS_MIN_CPU_S`
+of CPU used and `PROGRESS_MIN_READ_BYTES` read) before it is stopped. The load itself takes
+as long as the model is large and the machine busy: it is not bounded, its silence is."""
+PROGRESS_MIN_CPU_S = 0.1
+"""CPU time a process must use between two signs of progress: an idle runner blocked on a
+lock or a socket uses milliseconds a minute."""
+PROGRESS_MIN_READ_BYTES = 1024 * 1024
+"""Bytes a process must read between two signs of progress (a load reads its weights)."""
+PROGRESS_POLL_S = 1.0
+"""How often a wait bounded by silence samples the process it waits on."""
 DEFAULT_PREFILL_STEP_TOKENS = 256
 """Prompt tokens a runner prefills per step. A cancel (a client that left) takes effect
 between steps, so this bounds how long a cancelled long prompt keeps the runner busy; and
@@ -168,8 +177,10 @@ GROUP_IDLE_TICK_S = 0.25
 """An idle rank 0 shares an empty command this often, so that every rank's wait in a
 collective stays short and a frozen peer is noticed within `GROUP_STALL_TIMEOUT_S`."""
 GROUP_FORMATION_TIMEOUT_S = 30.0
-"""How long a node waits for every rank of a split instance to report its address before it
-gives up on that epoch (the master rebuilds the group)."""
+"""How long a node waits, with no sign of progress, for every rank of a split instance to
+report its address before it gives up on that epoch (the master rebuilds the group). A rank
+reports once its node has the model's files: a download of any length, while its progress
+(and the rank's runner status) keeps changing, restarts the bound."""
 GROUP_RANK_STAGGER_S = 0.1
 """Once a group is complete, rank r connects r times this late: MLX's ring connects fast
 when rank 0 is up first, and retries only about once a second otherwise."""
@@ -183,7 +194,7 @@ class RunnerConfig:
     term_grace: float = TERM_GRACE_S
     kill_grace: float = KILL_GRACE_S
     compute_join_timeout: float = COMPUTE_JOIN_TIMEOUT_S
-    load_timeout: float = LOAD_TIMEOUT_S
+    load_silence: float = LOAD_SILENCE_S
     max_frame_bytes: int = MAX_FRAME_BYTES
     openblas_threads: int = RUNNER_OPENBLAS_THREADS
     prefill_step: int = DEFAULT_PREFILL_STEP_TOKENS

@@ -283,8 +283,10 @@ class Node:
                     )
                     await generation.start(master.run)
                     self._master = master
+                    trace(self.node_id, "master_started", clock=session.clock)
                 view = StateView(self.router, session)
                 await generation.start(view.run)
+                trace(self.node_id, "view_started", clock=session.clock)
                 worker = Worker(
                     router=self.router,
                     session=session,

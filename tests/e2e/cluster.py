@@ -4,7 +4,7 @@ multicast."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,8 @@ class Cluster:
     lab: Lab | None = None
     """Run node i on the lab's host i (default discovery) instead of on loopback."""
     nodes: list[ClusterNode] = attrs.field(factory=list)
+    entry: Sequence[str] = ("-m", "trexo")
+    """What python runs for each node (`run_trexo`'s `entry`): another tree's trexo, say."""
     http: httpx.AsyncClient = attrs.field(
         default=attrs.Factory(lambda self: http_client(self.lab), takes_self=True)
     )
@@ -116,6 +118,7 @@ class Cluster:
                 env=node.env,
                 wrapper=wrapper,
                 isolation=isolation,
+                entry=self.entry,
             )
         )
         if self.lab is None:
@@ -172,8 +175,10 @@ class Cluster:
 
 
 @asynccontextmanager
-async def open_cluster(root: Path, lab: Lab | None = None) -> AsyncIterator[Cluster]:
-    cluster = Cluster(root, lab)
+async def open_cluster(
+    root: Path, lab: Lab | None = None, entry: Sequence[str] = ("-m", "trexo")
+) -> AsyncIterator[Cluster]:
+    cluster = Cluster(root, lab, entry=entry)
     try:
         yield cluster
     finally:

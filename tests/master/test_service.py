@@ -11,6 +11,7 @@ import attrs
 import pytest
 import trio
 
+from tests.waiting import wait_until
 from trexo.config import MasterConfig
 from trexo.master.service import Master
 from trexo.master.session_store import read_session, session_dir
@@ -453,8 +454,10 @@ async def test_a_node_that_leaves_takes_its_instances_with_it(tmp_path: Path) ->
         placed = await place(h, PEER)
         assert placed.error is None
         h.router.detach_link(PEER, link)
-        state = await h.view.wait_until(lambda s: PEER not in s.nodes)
-    assert state.instances == {}
+        # The instance goes with its node, then the model is placed again on the survivor.
+        state = await h.view.wait_until(lambda s: PEER not in s.nodes and bool(s.instances))
+    assert placed.result_id not in state.instances
+    assert [i.node_ids for i in state.instances.values()] == [(ME,)]
     assert set(state.nodes) == {ME}
 
 
@@ -488,7 +491,13 @@ async def test_old_sessions_are_pruned_to_the_retention(tmp_path: Path) -> None:
     current = Session(9, ME)
     async with running(tmp_path, session=current, config=MasterConfig(retained_sessions=2)) as h:
         await settled(h)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["session-4-peer", "session-9-me"]
+        # Pruning follows the session's opening, off the failover's path.
+        kept = ["session-4-peer", "session-9-me"]
+        await wait_until(
+            lambda: sorted(p.name for p in tmp_path.iterdir()) == kept,
+            timeout=10,
+            what="old sessions pruned",
+        )
 
 
 async def test_a_command_resent_to_the_next_master_is_answered_from_what_was_done(

@@ -7,12 +7,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trexo.state import apply_all
-from trexo.types.events import InstanceCreated, RankAddressed
+from trexo.types.downloads import DownloadPhase, DownloadProgress
+from trexo.types.events import (
+    DownloadUpdated,
+    InstanceCreated,
+    NodeUpdated,
+    RankAddressed,
+    RunnerStatusChanged,
+)
 from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.models import ModelRef
-from trexo.types.runner_status import RunnerFailed
+from trexo.types.runner_status import RunnerFailed, RunnerLoading
 from trexo.types.shard import ShardSpec
-from trexo.types.state import Instance, RunnerAssignment, RunnerRecord, State, Task
+from trexo.types.state import (
+    Instance,
+    NodeInfo,
+    RunnerAssignment,
+    RunnerRecord,
+    State,
+    Task,
+)
 from trexo.worker.plan import (
     CancelTask,
     ForwardTask,
@@ -20,6 +34,7 @@ from trexo.worker.plan import (
     StartRunner,
     StopRunner,
     UpdateGroup,
+    bring_up,
     plan,
 )
 
@@ -200,11 +215,63 @@ def test_a_local_rank_is_told_of_its_group_whenever_it_changes() -> None:
     assert plan(state, LocalWorld(ME)) == [StartRunner(split, split.assignments[1])]
     running = LocalWorld(ME, runners=frozenset({RunnerId("r1")}))
     group = state.groups[split.instance_id]
-    assert plan(state, running) == [UpdateGroup(RunnerId("r1"), group)]
-    told = attrs.evolve(running, groups={RunnerId("r1"): group})
+    progress = bring_up(state, split.instance_id, group)
+    assert plan(state, running) == [UpdateGroup(RunnerId("r1"), group, progress)]
+    told = attrs.evolve(
+        running, groups={RunnerId("r1"): group}, bring_ups={RunnerId("r1"): progress}
+    )
     assert plan(state, told) == []
     state = apply_all(state, [RankAddressed(split.instance_id, 0, 0, "127.0.0.1:7000")])
-    assert plan(state, told) == [UpdateGroup(RunnerId("r1"), state.groups[split.instance_id])]
+    group = state.groups[split.instance_id]
+    assert plan(state, told) == [
+        UpdateGroup(RunnerId("r1"), group, bring_up(state, split.instance_id, group))
+    ]
+
+
+def test_a_forming_group_hears_of_its_missing_ranks_progress_until_it_is_formed() -> None:
+    split = Instance(
+        InstanceId("i"),
+        MODEL,
+        (
+            RunnerAssignment(RunnerId("r0"), ME, ShardSpec(0, 2, rank=0, world_size=2)),
+            RunnerAssignment(RunnerId("r1"), OTHER, ShardSpec(2, 4, rank=1, world_size=2)),
+        ),
+    )
+    state = apply_all(
+        State(),
+        [
+            NodeUpdated(NodeInfo(OTHER, "other", 100, 0)),
+            InstanceCreated(split),
+            RankAddressed(split.instance_id, 0, 0, "127.0.0.1:7000"),
+        ],
+    )
+    group = state.groups[split.instance_id]
+    before = bring_up(state, split.instance_id, group)
+    assert [rank for rank, *_ in before] == [1]  # only the rank without an address
+    told = LocalWorld(
+        ME,
+        runners=frozenset({RunnerId("r0")}),
+        groups={RunnerId("r0"): group},
+        bring_ups={RunnerId("r0"): before},
+    )
+    assert plan(state, told) == []
+    # The other rank's node downloads its part: each report is progress.
+    for done in (10, 20):
+        progress = DownloadProgress(MODEL.model_id, DownloadPhase.DOWNLOADING, done, 100)
+        state = apply_all(state, [DownloadUpdated(OTHER, progress)])
+        (action,) = plan(state, told)
+        assert isinstance(action, UpdateGroup) and action.bring_up != before
+        told = attrs.evolve(told, bring_ups={RunnerId("r0"): action.bring_up})
+        before = action.bring_up
+    # Its runner moves on: progress too.
+    state = apply_all(
+        state, [RunnerStatusChanged(RunnerId("r1"), split.instance_id, OTHER, RunnerLoading())]
+    )
+    (action,) = plan(state, told)
+    assert isinstance(action, UpdateGroup) and action.bring_up != before
+    # Formed: nothing left to wait for.
+    state = apply_all(state, [RankAddressed(split.instance_id, 0, 1, "127.0.0.1:7001")])
+    assert bring_up(state, split.instance_id, state.groups[split.instance_id]) == ()
 
 
 def test_an_instance_failed_for_good_is_not_started_and_its_other_ranks_stop() -> None:

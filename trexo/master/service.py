@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,8 @@ from trexo.master.session_store import (
 )
 from trexo.net.router import Envelope, PeerUnreachable, Router
 from trexo.net.topics import Topic
-from trexo.state import apply, carry_over, rebuild_events
+from trexo.state import apply, apply_all, carry_over, rebuild_events
+from trexo.trace import trace
 from trexo.types.commands import Command, RequestReplay, SubmitTask
 from trexo.types.events import Event, IndexedEvent, InstanceCreated, SessionOpened
 from trexo.types.ids import NodeId, new_id
@@ -192,13 +193,11 @@ class Master:
                 trio.open_nursery() as nursery,
             ):
                 self._log = ev_log
-                await self._prune_old_sessions()
                 if not resumed:
-                    for event in rebuild_events(carry_over(self._initial_state)):
-                        await self._emit(event)
-                    # What ran on nodes that are gone goes before workers act on the state.
-                    await self._handle_peers(self.router.peers)
-                    await self._emit(SessionOpened())
+                    await self._open_session()
+                    trace(self.router.node_id, "master_opened", clock=self.session.clock)
+                # Housekeeping, off the path that brings the cluster its new master.
+                nursery.start_soon(self._prune_old_sessions)
                 # Both topics feed one handler, so messages are handled strictly one by one.
                 inbox_send, inbox = trio.open_memory_channel[Envelope](0)
                 async with inbox_send:
@@ -213,6 +212,10 @@ class Master:
     async def _resume(self) -> bool:
         """Load this session's existing log, if any; whether it held anything."""
         self._state, self._history = State(), History(self.session)
+        if not self.log_dir.exists():
+            # A session this node has not been master of: nothing to read. (A stat, inline:
+            # the thread hop it saves is on the path of every failover.)
+            return False
         stored: StoredSession = await retry_on_fd_exhaustion(
             partial(read_session, self.log_dir, self.session),
             what=f"reading event log {self.log_dir}",
@@ -251,24 +254,35 @@ class Master:
                 )
                 peers = await self.router.wait_peers_change(peers)
 
+    async def _open_session(self) -> None:
+        """The session's first events, in one write: the state carried over, then what ran
+        on nodes that are gone (before workers act on the state), then `SessionOpened`."""
+        carried = rebuild_events(carry_over(self._initial_state))
+        lost = await self._nodes_lost(apply_all(State(), carried), self.router.peers)
+        await self._emit_all([*carried, *lost, SessionOpened()])
+
     async def _handle_peers(self, peers: frozenset[NodeId]) -> None:
+        await self._emit_all(await self._nodes_lost(self._state, peers))
+
+    async def _nodes_lost(self, state: State, peers: frozenset[NodeId]) -> list[Event]:
+        """The events for the nodes of `state` that are not among `peers` (nor this node);
+        the requesters of generations those take with them are told first."""
         events = decide_nodes_lost(
-            self._state,
+            state,
             peers | {self.router.node_id},
             new_id=self._new_id,
             overhead=self.config.memory_overhead,
         )
         if not events:
-            return
-        for task in orphaned_tasks(self._state, events):
+            return []
+        for task in orphaned_tasks(state, events):
             failed = StreamFailed(task.task_id, "the node running this generation left the cluster")
             await self._send(task.origin_node, Topic.STREAM, failed)
         replaced = sum(isinstance(e, InstanceCreated) for e in events)
         log.info(
             "nodes left the cluster: %d events, %d instances placed again", len(events), replaced
         )
-        for event in events:
-            await self._emit(event)
+        return events
 
     async def _handle(self, envelope: Envelope) -> None:
         payload: Any = envelope.payload
@@ -377,12 +391,21 @@ class Master:
 
     async def _emit(self, event: Event) -> IndexedEvent:
         """Give `event` the next index, log it, apply it, then broadcast it."""
+        (indexed,) = await self._emit_all([event])
+        return indexed
+
+    async def _emit_all(self, events: Sequence[Event]) -> list[IndexedEvent]:
+        """`_emit` for several events at once: logged in one write, then each broadcast."""
+        if not events:
+            return []
         assert self._log is not None, "emit before the log is open"
-        indexed = IndexedEvent(self.session, self._history.next_index, event)
-        await self._log.append(indexed)  # durable before anyone hears of it
-        self._history.append(indexed)
-        self._state = apply(self._state, indexed)
-        await self.router.publish(Topic.GLOBAL_EVENTS, indexed)
+        first = self._history.next_index
+        indexed = [IndexedEvent(self.session, first + i, e) for i, e in enumerate(events)]
+        await self._log.append_all(indexed)  # in the log before anyone hears of it
+        for one in indexed:
+            self._history.append(one)
+            self._state = apply(self._state, one)
+            await self.router.publish(Topic.GLOBAL_EVENTS, one)
         if self._policy.due(
             self._history.events_in_memory, trio.current_time() - self._last_snapshot_at
         ):

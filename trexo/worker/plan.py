@@ -12,9 +12,13 @@ from collections.abc import Mapping
 import attrs
 
 from trexo.availability import failed_for_good
-from trexo.types.ids import NodeId, RequestId, RunnerId
+from trexo.types.ids import InstanceId, NodeId, RequestId, RunnerId
 from trexo.types.runner_status import RunnerFailed
 from trexo.types.state import GroupState, Instance, RunnerAssignment, State, Task
+
+BringUp = tuple[tuple[object, ...], ...]
+"""Per rank of a forming group still without an address: (rank, runner status, bytes of the
+model its node has downloaded)."""
 
 
 @attrs.frozen
@@ -55,6 +59,9 @@ class UpdateGroup:
 
     runner_id: RunnerId
     group: GroupState
+    bring_up: BringUp = ()
+    """What the ranks still without an address have shown of their progress (while the
+    group forms): the runner waits as long as this keeps changing."""
 
 
 Action = StartRunner | StopRunner | UpdateGroup | ForwardTask | CancelTask
@@ -77,9 +84,37 @@ class LocalWorld:
     """Tasks this session's state has listed; None: every task in flight counts as known."""
     groups: Mapping[RunnerId, GroupState] = attrs.field(factory=dict)
     """The rank group each local runner of a split instance was last told of."""
+    bring_ups: Mapping[RunnerId, BringUp] = attrs.field(factory=dict)
+    """The other ranks' progress each local runner of a forming group was last told of."""
     bodies: frozenset[tuple[RequestId, NodeId]] = frozenset()
     """Requests held here (sent point-to-point), by task and the node that sent each: a task
     runs only the one its origin sent."""
+
+
+def bring_up(state: State, instance_id: InstanceId, group: GroupState) -> BringUp:
+    """How far the ranks of a forming group that have not reported an address have come:
+    each one's runner status and its node's download of the model. A rank reports its
+    address once its node has the model's files, which takes as long as the download: while
+    this changes, the group is forming, however long that takes. Empty once formed."""
+    instance = state.instances.get(instance_id)
+    if instance is None or group.group is not None:
+        return ()
+    missing = {rank for rank, address in enumerate(group.addresses) if address is None}
+    progress: list[tuple[object, ...]] = []
+    for assignment in sorted(instance.assignments, key=lambda a: a.shard.rank):
+        rank = assignment.shard.rank
+        if rank not in missing:
+            continue
+        record = state.runners.get(assignment.runner_id)
+        download = state.downloads.get(assignment.node_id, {}).get(instance.model.model_id)
+        progress.append(
+            (
+                rank,
+                record.status if record is not None else None,
+                download.done_bytes if download is not None else None,
+            )
+        )
+    return tuple(progress)
 
 
 def plan(state: State, local: LocalWorld) -> list[Action]:
@@ -103,9 +138,13 @@ def plan(state: State, local: LocalWorld) -> list[Action]:
     for runner_id in sorted(local.runners - state.runners.keys()):
         actions.append(StopRunner(runner_id))
     for runner_id in sorted(local.runners & state.runners.keys()):
-        group = state.groups.get(state.runners[runner_id].instance_id)
-        if group is not None and local.groups.get(runner_id) != group:
-            actions.append(UpdateGroup(runner_id, group))
+        instance_id = state.runners[runner_id].instance_id
+        group = state.groups.get(instance_id)
+        if group is None:
+            continue
+        progress = bring_up(state, instance_id, group)
+        if local.groups.get(runner_id) != group or local.bring_ups.get(runner_id, ()) != progress:
+            actions.append(UpdateGroup(runner_id, group, progress))
     for task in sorted(state.tasks.values(), key=lambda t: t.task_id):
         if task.task_id in local.taken:
             continue

@@ -69,6 +69,7 @@ from trexo.types.runner_status import (
 from trexo.types.shard import RankGroup
 from trexo.types.state import GroupState, Instance, RunnerAssignment, Task
 from trexo.types.stream import StreamChunk, StreamFailed, TaskBody
+from trexo.worker.plan import BringUp
 from trexo.worker.rank_address import advertised_host, free_port, rank_address
 from trexo.worker.request_bodies import RequestBodies
 from trexo.worker.runner_supervisor import RunnerSupervisor
@@ -106,6 +107,8 @@ class PoolRunner:
     group: GroupState | None = None
     """Its split instance's rank group as last told (None: whole model, or not told yet)."""
     group_changed: trio.Event = attrs.field(factory=trio.Event)
+    bring_up: BringUp = ()
+    """The other ranks' progress while the group forms, as last told (`plan.bring_up`)."""
     address: RankAddressReport | None = None
     """The address this rank reported for the group's current epoch."""
 
@@ -113,8 +116,9 @@ class PoolRunner:
     def runner_id(self) -> RunnerId:
         return self.assignment.runner_id
 
-    def set_group(self, group: GroupState) -> None:
+    def set_group(self, group: GroupState, bring_up: BringUp = ()) -> None:
         self.group = group
+        self.bring_up = bring_up
         self.group_changed.set()
         self.group_changed = trio.Event()
 
@@ -223,6 +227,11 @@ class RunnerPool:
         return {rid: r.group for rid, r in self._runners.items() if r.group is not None}
 
     @property
+    def bring_ups(self) -> dict[RunnerId, BringUp]:
+        """The other ranks' progress each runner of a forming group was last told of."""
+        return {rid: r.bring_up for rid, r in self._runners.items() if r.bring_up}
+
+    @property
     def inflight(self) -> dict[RequestId, Task]:
         """Tasks being generated now."""
         return {rid: entry.task for rid, entry in self._inflight.items()}
@@ -271,12 +280,12 @@ class RunnerPool:
             log.info("stopping runner %s: its instance is gone", runner_id)
             entry.scope.cancel()
 
-    def update_group(self, runner_id: RunnerId, group: GroupState) -> None:
+    def update_group(self, runner_id: RunnerId, group: GroupState, bring_up: BringUp = ()) -> None:
         """The state's word on a split runner's group: connect once complete, restart on a
-        new epoch."""
+        new epoch; while it forms, how far its other ranks have come."""
         entry = self._runners.get(runner_id)
         if entry is not None:
-            entry.set_group(group)
+            entry.set_group(group, bring_up)
             self._signal()
 
     def _spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
@@ -397,20 +406,35 @@ class RunnerPool:
                 epoch,
                 address,
             )
-        with trio.move_on_after(self._runner_config.group_formation_timeout):
-            formed = await entry.wait_group(lambda g: g.epoch != epoch or g.group is not None)
-            if formed.group is None or formed.epoch != epoch:
-                raise _EpochMoved
-            # Rank 0 connects first: a ring whose rank 0 comes late costs a second or more.
-            await trio.sleep(self._runner_config.group_rank_stagger * entry.assignment.shard.rank)
-            return formed.group
-        latest = entry.group or group
-        missing = [r for r, a in enumerate(latest.addresses) if a is None]
-        raise RunnerUnavailable(
-            f"the group of instance {entry.instance.instance_id} did not form within "
-            f"{self._runner_config.group_formation_timeout:g} s (epoch {epoch}; "
-            f"no address from ranks {', '.join(map(str, missing))})"
-        )
+        bound = self._runner_config.group_formation_timeout
+        while True:
+            # The bound is on silence: it starts again whenever a rank reports its address
+            # or a missing rank shows progress (its runner's status, its node's download).
+            seen = (entry.group, entry.bring_up)
+            with trio.move_on_after(bound):
+                formed = await entry.wait_group(
+                    lambda g: (
+                        g.epoch != epoch
+                        or g.group is not None
+                        or (entry.group, entry.bring_up) != seen  # noqa: B023 (awaited here)
+                    )
+                )
+                if formed.epoch != epoch:
+                    raise _EpochMoved
+                if formed.group is None:
+                    continue  # progress, not yet formed
+                # Rank 0 connects first: a ring whose rank 0 comes late costs a second or more.
+                await trio.sleep(
+                    self._runner_config.group_rank_stagger * entry.assignment.shard.rank
+                )
+                return formed.group
+            latest = entry.group or group
+            missing = [r for r, a in enumerate(latest.addresses) if a is None]
+            raise RunnerUnavailable(
+                f"the group of instance {entry.instance.instance_id} did not form: no progress"
+                f" for {bound:g} s (epoch {epoch}; no address from ranks"
+                f" {', '.join(map(str, missing))})"
+            )
 
     @staticmethod
     async def _end_with_epoch(

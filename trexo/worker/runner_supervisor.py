@@ -32,6 +32,7 @@ from trexo.errors import (
     WireError,
 )
 from trexo.local_health import machine_load_stretch
+from trexo.progress import Silent, process_effort, wait_while_progressing
 from trexo.runner.exit_codes import describe_exit
 from trexo.types.chunks import Chunk
 from trexo.types.failure import FailureKind
@@ -390,7 +391,8 @@ class RunnerSupervisor:
 
         With `group`, the runner is rank `shard.rank` of a split model: once started, it
         must join the group within `config.group_init_timeout` (every rank's runner loads
-        at the same time, rank 0's first), then load its part within `config.load_timeout`. A runner
+        at the same time, rank 0's first), then load its part for as long as it makes progress
+        (`config.load_silence` bounds a silence, not the load). A runner
         that fails to join is stuck in `mx.distributed.init`: stop it (cancel `run`).
         """
         config = self.config
@@ -412,12 +414,7 @@ class RunnerSupervisor:
         )
         if group is not None:
             await self._wait_joined(shard, group, init_timeout)
-        with trio.move_on_after(self.config.load_timeout) as scope:
-            status = await self.wait_status(lambda s: isinstance(s, RunnerReady))
-        if scope.cancelled_caught:
-            raise LoadFailed(
-                f"runner {self.runner_id}: not ready after {self.config.load_timeout} s"
-            )
+        status = await self._wait_progressing(lambda s: isinstance(s, RunnerReady), "loading")
         if not isinstance(status, RunnerReady):
             cause = getattr(status, "cause", repr(status))
             permanent = isinstance(status, RunnerFailed) and status.permanent
@@ -425,22 +422,14 @@ class RunnerSupervisor:
 
     async def _wait_joined(self, shard: ShardSpec, group: RankGroup, join_bound: float) -> None:
         """Wait for the rank to join its group: its own start-up (imports, seconds on a busy
-        machine) bounded only by `load_timeout`, then the connection to its peers by
+        machine) bounded by its silence (`load_silence`), then the connection to its peers by
         `join_bound` (`group_init_timeout`, stretched on a busy machine)."""
         ranks = len(group.hosts)
-        with trio.move_on_after(self.config.load_timeout):
-            await self.wait_status(
-                lambda s: (
-                    self.joining_group is not None
-                    or self.joined_group is not None
-                    or isinstance(s, TERMINAL_STATUSES)
-                )
-            )
+        await self._wait_progressing(
+            lambda s: self.joining_group is not None or self.joined_group is not None,
+            f"starting rank {shard.rank} of {ranks}",
+        )
         self._raise_if_ended()
-        if self.joining_group is None and self.joined_group is None:
-            raise LoadFailed(
-                f"rank {shard.rank} of {ranks} did not start within {self.config.load_timeout} s"
-            )
         with trio.move_on_after(join_bound):
             await self.wait_status(
                 lambda s: self.joined_group is not None or isinstance(s, TERMINAL_STATUSES)
@@ -452,6 +441,25 @@ class RunnerSupervisor:
             f"rank {shard.rank} of {ranks} did not join its group within "
             f"{join_bound} s of starting to connect (hosts {', '.join(group.hosts)})"
         )
+
+    async def _wait_progressing(
+        self, predicate: Callable[[RunnerStatus], bool], what: str
+    ) -> RunnerStatus:
+        """`wait_status(predicate)` (or an ended runner's status) for as long as the runner
+        process keeps making progress: `LoadFailed` after `load_silence` s without any."""
+        pid = self.pid
+        silence = self.config.load_silence
+        try:
+            return await wait_while_progressing(
+                lambda: self.wait_status(predicate),
+                lambda: process_effort(pid) if pid is not None else None,
+                silence=silence,
+            )
+        except Silent:
+            raise LoadFailed(
+                f"runner {self.runner_id}: {what}: no progress (CPU time or reads)"
+                f" for {silence:.0f} s"
+            ) from None
 
     def _raise_if_ended(self) -> None:
         if isinstance(self.status, TERMINAL_STATUSES):

@@ -111,6 +111,7 @@ class Worker:
             cancelling=pool.cancelling,
             known=frozenset(self._known),
             groups=pool.groups,
+            bring_ups=pool.bring_ups,
             bodies=pool.bodies.held_from,
         )
 
@@ -153,8 +154,8 @@ class Worker:
                 self._pool.start(instance, assignment)
             case StopRunner(runner_id=runner_id):
                 self._pool.stop(runner_id)
-            case UpdateGroup(runner_id=runner_id, group=group):
-                self._pool.update_group(runner_id, group)
+            case UpdateGroup(runner_id=runner_id, group=group, bring_up=bring_up):
+                self._pool.update_group(runner_id, group, bring_up)
             case ForwardTask(task=task, runner_id=runner_id):
                 self._pool.forward(task, runner_id)
             case CancelTask(task_id=task_id):
