@@ -114,6 +114,7 @@ class ComputeThread:
         self._drain = drain
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._loading = False
         self._lock = threading.Lock()
         self._pending: set[RequestId] = set()  # queued or running generations
         self._cancelled: set[RequestId] = set()
@@ -155,6 +156,12 @@ class ComputeThread:
             if request_id in self._pending:
                 self._cancelled.add(request_id)
 
+    @property
+    def loading(self) -> bool:
+        """Busy loading a model (imports, joining a group, reading weights, warm-up): work
+        that does not look at the stop flag, and that nothing needs finished once stopped."""
+        return self._loading
+
     def request_stop(self) -> None:
         """Ask the loop to end after the current step. Idempotent."""
         self._stop.set()
@@ -183,11 +190,20 @@ class ComputeThread:
         try:
             while not self._stop.is_set():
                 for job in self._next_jobs(block=self._batch is None or not self._batch):
+                    if isinstance(job, LoadModel):
+                        # From here: imports, then the load. Set before the stop check, so
+                        # that a stop from now on makes the runner leave at once.
+                        self._loading = True
+                    if self._stop.is_set():
+                        break  # a load that came with the stop would import for seconds
                     if isinstance(job, LoadModel) and job.group is not None:
                         self._serve_group(job)  # for the rest of this runner's life
                         return
                     if isinstance(job, LoadModel):
-                        self._load(job)
+                        try:
+                            self._load(job)
+                        finally:
+                            self._loading = False
                     else:
                         self._start(job)
                 if self._batch is not None and self._batch:
@@ -366,21 +382,24 @@ class ComputeThread:
         """Join the group, load this rank's part, then step with the group until it ends."""
         from trexo.engine.sharding import GroupBroken
 
-        link = self._join(job)
-        if link is None:
-            return
         try:
-            self._load_rank(job, link)
-        except GroupBroken as exc:
-            log.error("rank %d: rank group broken while loading: %s", link.rank, exc)
-            self._end_by_itself(EXIT_GROUP_BROKEN)
-            self._status(RunnerFailed(f"load failed: rank group broken: {exc}"))
-            return
-        except Exception as exc:
-            log.exception("rank %d: loading %s failed", link.rank, job.model_dir)
-            self._end_by_itself(EXIT_RANK_FAILED)  # a rank that cannot step must leave
-            self._status(load_failed(exc))
-            return
+            link = self._join(job)
+            if link is None:
+                return
+            try:
+                self._load_rank(job, link)
+            except GroupBroken as exc:
+                log.error("rank %d: rank group broken while loading: %s", link.rank, exc)
+                self._end_by_itself(EXIT_GROUP_BROKEN)
+                self._status(RunnerFailed(f"load failed: rank group broken: {exc}"))
+                return
+            except Exception as exc:
+                log.exception("rank %d: loading %s failed", link.rank, job.model_dir)
+                self._end_by_itself(EXIT_RANK_FAILED)  # a rank that cannot step must leave
+                self._status(load_failed(exc))
+                return
+        finally:
+            self._loading = False
         try:
             if link.is_lead:
                 self._lead(link, job.group_idle_tick)

@@ -115,6 +115,12 @@ async def serve_runner(
             exit_code = EXIT_PROTOCOL_ERROR
         finally:
             compute.request_stop()
+            if compute.loading:
+                # Imports, `mx.distributed.init` or reading weights: it cannot stop until
+                # done, and nothing of it is wanted now. Leave at once: its group and its
+                # memory are freed now, not after the join's timeout.
+                log.info("stopped while loading a model; exiting at once")
+                _exit_hard(exit_code)
             with trio.CancelScope(shield=True):
                 joined = await trio.to_thread.run_sync(compute.join, compute_join_timeout)
                 if not joined:

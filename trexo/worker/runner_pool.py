@@ -346,10 +346,8 @@ class RunnerPool:
             try:
                 # Node-lifetime, so neither a demo model's build nor a download ever delays a
                 # session swap.
-                model_dir = await self._model_files(entry)
-                group = None
-                if entry.instance.is_split:
-                    group = await self._join_group(entry)
+                model_dir, group = await self._prepare(entry, supervisor, nursery)
+                if group is not None:
                     nursery.start_soon(
                         self._end_with_epoch, entry, group.epoch, supervisor, moved, nursery
                     )
@@ -367,6 +365,30 @@ class RunnerPool:
         if moved.is_set() and not isinstance(supervisor.status, RunnerFailed):
             raise _EpochMoved
         return load_error
+
+    async def _prepare(
+        self, entry: PoolRunner, supervisor: RunnerSupervisor, nursery: trio.Nursery
+    ) -> tuple[Path, RankGroup | None]:
+        """The model's files, and a split instance's group once formed; given up the moment
+        the runner's process ends meanwhile (its failure is reported at once, so that its
+        group's other ranks are not kept waiting for a rank that is gone). The watch runs in
+        `nursery` (the process's): errors of the preparation stay plain exceptions."""
+        watching = trio.CancelScope()
+        with trio.CancelScope() as preparing:
+
+            async def give_up_if_it_ends() -> None:
+                with watching:
+                    await supervisor.wait_status(lambda _: False)  # returns once terminal
+                    preparing.cancel()
+
+            nursery.start_soon(give_up_if_it_ends)
+            try:
+                model_dir = await self._model_files(entry)
+                group = await self._join_group(entry) if entry.instance.is_split else None
+                return model_dir, group
+            finally:
+                watching.cancel()
+        raise RunnerUnavailable(f"runner {entry.runner_id} is not running ({supervisor.status})")
 
     async def _model_files(self, entry: PoolRunner) -> Path:
         """The directory the runner loads from, once it holds what its part needs: a demo

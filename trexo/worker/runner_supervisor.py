@@ -252,12 +252,19 @@ class RunnerSupervisor:
             with trio.move_on_after(self.config.shutdown_grace):
                 await process.wait()
                 return  # `_finish` says how it ended
-        with trio.move_on_after(self.config.shutdown_grace):
-            await self._send_quietly(Shutdown())
-            await process.wait()
-            self.stop_step = "shutdown"
+        if self.joining_group is not None and self.joined_group is None:
+            # Inside `mx.distributed.init`, which holds the GIL until every peer is there:
+            # it cannot read a Shutdown, and has nothing to clean up. Waiting out the grace
+            # would keep the rest of its group (and their memory) for seconds.
+            log.info("runner %s is joining its group: SIGTERM at once", self.runner_id)
+        else:
+            with trio.move_on_after(self.config.shutdown_grace):
+                await self._send_quietly(Shutdown())
+                await process.wait()
+                self.stop_step = "shutdown"
+            if process.returncode is None:
+                log.warning("runner %s ignored shutdown; sending SIGTERM", self.runner_id)
         if process.returncode is None:
-            log.warning("runner %s ignored shutdown; sending SIGTERM", self.runner_id)
             process.terminate()
             with trio.move_on_after(self.config.term_grace):
                 await process.wait()
