@@ -93,6 +93,12 @@ def bench_election(session: nox.Session) -> None:
     session.run(PYTHON, "bench/bench_election.py", *session.posargs)
 
 
+@nox.session(name="bench-sampling")
+def bench_sampling(session: nox.Session) -> None:
+    """A request with a top_p / min_p value never seen before, against a seen one."""
+    session.run(PYTHON, "bench/bench_sampling.py", *session.posargs)
+
+
 @nox.session(name="bench-failover")
 def bench_failover(session: nox.Session) -> None:
     """A master SIGKILL with a loaded model: first token of a new chat, in-flight streams."""

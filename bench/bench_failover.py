@@ -16,12 +16,14 @@ token the master is SIGKILLed; at once a new request is sent through C. Recorded
 
 The killed node is restarted (same data dir) before the next trial. Run: `nox -s bench-failover`;
 `-- --network lab` runs the four nodes on hosts of their own (network namespaces, multicast
-discovery; results in `failover-lab.json`).
+discovery; results in `failover-lab.json`); `-- --load 4` runs it with 4 spinning processes
+per core (`failover-load4.json`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -39,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_election import NETWORKS, network, read_trace
 from bench.stats import markdown_table, summarize, write_results
 from tests.e2e.cluster import Cluster, ClusterNode, open_cluster
+from tests.machine_load import busy_machine
 
 MODEL = "trexo-demo-small"
 MESSAGES = [{"role": "user", "content": "Explain the for statement."}]
@@ -223,6 +226,8 @@ async def main_async(args: argparse.Namespace) -> None:
         "trials": len(trials),
     }
     name = "failover" if args.network == "loopback" else f"failover-{args.network}"
+    if args.load:
+        name += f"-load{args.load}"
     path = write_results(name, {"model": MODEL, "per_trial": trials, "results": results})
     rows = {
         "SIGKILL of the master → first token of a new chat": results["first_token"],
@@ -243,7 +248,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-k", "--trials", type=int, default=20)
     parser.add_argument("--network", choices=NETWORKS, default="loopback")
-    trio.run(main_async, parser.parse_args())
+    parser.add_argument(
+        "--load", type=int, default=0, help="spinning processes per core while it runs"
+    )
+    args = parser.parse_args()
+    with busy_machine(per_core=args.load) if args.load else contextlib.nullcontext():
+        trio.run(main_async, args)
 
 
 if __name__ == "__main__":

@@ -20,29 +20,34 @@ REQUEST = GenerationRequest(RequestId("r"), prompt="x")
     cap=st.none() | st.integers(1, 10_000),
     requested=st.none() | st.integers(1, 10_000),
 )
-def test_admitted_requests_fit_and_refused_ones_do_not(
+def test_admitted_requests_fit_and_only_a_prompt_with_no_room_is_refused(
     prompt: int, context: int | None, cap: int | None, requested: int | None
 ) -> None:
     budget = PromptBudget(prompt, context)
     limit = context_limit(budget, cap)
-    fits = limit is None or prompt + (requested or 1) <= limit
-    if not fits:
+    if limit is not None and prompt >= limit:
         with pytest.raises(ApiError) as refused:
             admit(REQUEST, budget, requested_max_tokens=requested, cap=cap)
         error = refused.value
-        assert (error.status, error.code) == (400, "context_length_exceeded")
+        assert (error.status, error.code, error.param) == (
+            400,
+            "context_length_exceeded",
+            "messages",
+        )
         assert str(limit) in error.message and str(prompt) in error.message
         return
     max_tokens = admit(REQUEST, budget, requested_max_tokens=requested, cap=cap).params.max_tokens
     if limit is None:
         assert max_tokens == (requested or DEFAULT_MAX_TOKENS)
     else:
-        assert prompt + max_tokens <= limit
-        assert max_tokens == (requested or limit - prompt)  # absent: all the room there is
+        room = limit - prompt
+        # Capped to the room, never refused: absent, all of it.
+        assert max_tokens == (min(requested, room) if requested else room)
 
 
 def test_the_cap_is_a_limit_below_the_models_context() -> None:
     budget = PromptBudget(100, 4096)
-    with pytest.raises(ApiError, match="maximum context length is 512 tokens"):
-        admit(REQUEST, budget, requested_max_tokens=413, cap=512)
+    assert admit(REQUEST, budget, requested_max_tokens=413, cap=512).params.max_tokens == 412
     assert admit(REQUEST, budget, requested_max_tokens=None, cap=512).params.max_tokens == 412
+    with pytest.raises(ApiError, match="maximum context length is 512 tokens"):
+        admit(REQUEST, PromptBudget(512, 4096), requested_max_tokens=1, cap=512)

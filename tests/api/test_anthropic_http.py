@@ -192,8 +192,11 @@ BAD_REQUESTS: list[tuple[str, str, bytes, int, str]] = [
     (
         "POST",
         "/v1/messages",
-        # More than the fake's context: the prompt plus max_tokens cannot fit.
-        json.dumps(message(max_tokens=FAKE_CONTEXT)).encode(),
+        # A prompt that fills the fake's context: no room for an answer. (A max_tokens past
+        # the room is capped, not refused.)
+        json.dumps(
+            message(messages=[{"role": "user", "content": " ".join(["word"] * FAKE_CONTEXT)}])
+        ).encode(),
         400,
         "invalid_request_error",
     ),

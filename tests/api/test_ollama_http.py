@@ -91,6 +91,25 @@ async def test_chat_streamed(client: ollama.AsyncClient, node: FakeNode) -> None
     assert node.exits[node.only_request_id()] == "completed"
 
 
+LINE_SEPARATORS = "a\u2028b\u2029c\u0085d"
+
+
+async def test_generated_line_separators_reach_the_ollama_client_intact(
+    client: ollama.AsyncClient, node: FakeNode
+) -> None:
+    # httpx's iter_lines (the client's reader) splits at U+2028, U+2029 and U+0085: written
+    # raw, they cut a line of the stream in two and the client fails to decode it.
+    node.script = (Step(text=LINE_SEPARATORS), Step(text="!", finish="stop"))
+    with trio.fail_after(TEST_TIMEOUT_S):
+        parts = [
+            part
+            async for part in await client.chat(model=DEMO.model_id, messages=MESSAGES, stream=True)
+        ]
+        whole = await client.chat(model=DEMO.model_id, messages=MESSAGES)
+    assert "".join(part.message.content or "" for part in parts) == LINE_SEPARATORS + "!"
+    assert whole.message.content == LINE_SEPARATORS + "!"
+
+
 async def test_generate_streamed_and_not(client: ollama.AsyncClient, node: FakeNode) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         whole = await client.generate(model=DEMO.model_id, prompt="hi", system="Be kind.")

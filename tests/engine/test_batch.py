@@ -58,7 +58,7 @@ def run_together(
     """Every request added at once, stepped until all are done: each one's chunks."""
     out: dict[RequestId, list[Chunk]] = {r.request_id: [] for r in requests}
     for request in requests:
-        batch.add(request, engine.admit(request))
+        batch.add(*engine.admit(request))
     while batch:
         for chunk in batch.step():
             out[chunk.request_id].append(chunk)
@@ -82,7 +82,7 @@ def test_a_request_that_leaves_midway_changes_nothing_for_the_others(varied: Eng
     expected = {r.request_id: tokens_of(alone(varied, r)) for r in requests}
     batch = varied.batch(max_batch=8)
     for request in requests:
-        batch.add(request, varied.admit(request))
+        batch.add(*varied.admit(request))
     got: dict[RequestId, list[Chunk]] = {r.request_id: [] for r in requests}
     steps = 0
     while batch:
@@ -127,11 +127,11 @@ def test_a_long_prompt_is_read_a_chunk_per_step_while_the_others_stream(varied: 
     running = chat("running", QUESTIONS[0], max_tokens=60)
     long_prompt = chat("long", " ".join(QUESTIONS * 12))  # ~500 tokens: many 16-token chunks
     batch = varied.batch(max_batch=8)
-    batch.add(running, varied.admit(running))
+    batch.add(*varied.admit(running))
     while not batch.step():  # until it streams
         pass
-    prompt_tokens = len(varied.admit(long_prompt))
-    batch.add(long_prompt, varied.admit(long_prompt))
+    prompt_tokens = len(varied.admit(long_prompt)[1])
+    batch.add(*varied.admit(long_prompt))
     steps_before_first = 0
     while True:
         chunks = batch.step()
@@ -155,9 +155,9 @@ def test_the_next_turn_reuses_the_cached_history_and_answers_the_same(varied: En
     with_cache = run_together(varied, batch, [second])[RequestId("t2")]
     assert tokens_of(with_cache) == tokens_of(without_cache)
     usage = with_cache[-1].usage
-    assert usage is not None and usage.prompt_tokens == len(varied.admit(second))
+    assert usage is not None and usage.prompt_tokens == len(varied.admit(second)[1])
     # The first turn's prompt and answer were not read again.
-    assert usage.cached_tokens >= len(varied.admit(first))
+    assert usage.cached_tokens >= len(varied.admit(first)[1])
     assert batch.cache_stats().hits == 1
 
 

@@ -20,6 +20,7 @@ from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 
 from trexo.engine.batch import request_sampler
 from trexo.engine.engine import Engine
+from trexo.engine.schema_grammar import closed_objects
 from trexo.engine.structured_output import (
     JsonProcessor,
     check_schema,
@@ -291,6 +292,53 @@ def test_token_outside_the_grammar_ends_with_eos(
 def test_the_tokenizer_bridge_is_built_once(engine: Engine) -> None:
     assert tokenizer_bridge(engine.tokenizer) is tokenizer_bridge(engine.tokenizer)
     assert tokenizer_bridge(engine.tokenizer).vocab_size == len(engine.tokenizer.vocab)
+
+
+# --- objects closed by default ----------------------------------------------------------------
+
+
+def test_objects_are_closed_unless_they_say_otherwise() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "inner": {"type": "object", "properties": {"a": {"type": "integer"}}},
+            "free": {"type": "object", "additionalProperties": True},
+            "list": {"type": "array", "items": {"properties": {"b": {"type": "string"}}}},
+            "either": {"anyOf": [{"type": "object"}, {"type": "string"}]},
+            "negated": {"not": {"type": "object"}},
+        },
+        "$defs": {"node": {"type": "object", "properties": {}}},
+        "allOf": [{"properties": {"x": {"type": "integer"}}}],
+    }
+    closed: Any = closed_objects(schema)
+    props = closed["properties"]
+    assert "additionalProperties" not in closed  # its keys are spread over its allOf
+    assert "additionalProperties" not in closed["allOf"][0]  # a part closes nothing alone
+    assert props["inner"]["additionalProperties"] is False
+    assert props["free"]["additionalProperties"] is True  # said so: kept
+    assert props["list"]["items"]["additionalProperties"] is False
+    assert props["either"]["anyOf"][0]["additionalProperties"] is False
+    assert "additionalProperties" not in props["either"]["anyOf"][1]
+    assert props["negated"]["not"] == {"type": "object"}  # closing it would widen the not
+    assert closed["$defs"]["node"]["additionalProperties"] is False
+    assert schema["properties"]["inner"] == {  # type: ignore[index]
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+    }  # the caller's schema is left as it was
+
+
+def test_an_object_that_does_not_say_admits_no_other_key(engine: Engine) -> None:
+    # JSON Schema leaves it open, and a small model keeps adding keys to its last token:
+    # closed, as OpenAI's strict mode and Ollama read it, the object can only end here.
+    open_schema = {k: v for k, v in BOUNDED_SCHEMA.items() if k != "additionalProperties"}
+    width = engine.model.args.vocab_size
+    prefix = encode(engine, '{"city":"Oslo","n":5')
+    allowed = feed(schema_processor(engine, open_schema), prompt_of(engine), prefix, width)
+    texts = [engine.tokenizer.decode([t]) for t in allowed]
+    assert texts and not any("," in text for text in texts), texts
+    explicit = open_schema | {"additionalProperties": True}
+    allowed = feed(schema_processor(engine, explicit), prompt_of(engine), prefix, width)
+    assert any("," in engine.tokenizer.decode([t]) for t in allowed)
 
 
 # --- errors ----------------------------------------------------------------------------------

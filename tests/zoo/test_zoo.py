@@ -102,7 +102,7 @@ def test_trexos_engine_batches_every_arch_as_mlx_lm_answers_alone(
 ) -> None:
     engine = Engine.load(zoo_models(arch), prefill_step=16)  # prompts span several chunks
     batch = engine.batch(max_batch=len(BATCH_QUESTIONS))
-    together = batched_greedy(batch, engine.admit, BATCH_QUESTIONS, BATCH_TOKENS)
+    together = batched_greedy(batch, lambda r: engine.admit(r)[1], BATCH_QUESTIONS, BATCH_TOKENS)
     for tokens, question in zip(together, BATCH_QUESTIONS, strict=True):
         alone = greedy(engine.model, engine.tokenizer, question, BATCH_TOKENS)
         assert tokens == alone.tokens, question

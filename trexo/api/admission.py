@@ -1,8 +1,8 @@
 """Admission: a request's prompt plus its output must fit the model's context. Pure.
 
 Checked in the API before anything reaches the master, so a prompt that can never be served
-is a fast 400 instead of minutes of prefill holding the only runner. An absent `max_tokens`
-becomes what fits.
+is a fast 400 instead of minutes of prefill holding the only runner. A `max_tokens` past what
+the context leaves after the prompt is capped to it, and an absent one becomes it.
 """
 
 from __future__ import annotations
@@ -53,16 +53,9 @@ def admit(
                 param="messages",
                 code=CONTEXT_EXCEEDED,
             )
-        if requested_max_tokens is not None and requested_max_tokens > room:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {budget.prompt_tokens + requested_max_tokens} tokens "
-                f"({budget.prompt_tokens} in the messages, {requested_max_tokens} in the "
-                "completion). Please reduce the length of the messages or completion.",
-                param="max_tokens",
-                code=CONTEXT_EXCEEDED,
-            )
-        max_tokens = requested_max_tokens or room
+        # A limit past the room is capped, not refused: clients size it for large models
+        # (Anthropic's and Ollama's always send one). What fits is generated, and the
+        # answer ends with "length", as mlx_lm.server, llama.cpp and Ollama do.
+        max_tokens = min(requested_max_tokens, room) if requested_max_tokens else room
     params = attrs.evolve(request.params, max_tokens=max_tokens)
     return attrs.evolve(request, params=params)

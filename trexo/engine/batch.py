@@ -29,7 +29,6 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import (
-    apply_min_p,
     apply_top_k,
     apply_top_p,
     greedy_sampler,
@@ -90,6 +89,15 @@ def check_sampling(params: SamplingParams) -> None:
         raise ValueError(f"repetition_penalty {penalty!r} is out of range")
 
 
+@mx.compile
+def _min_p(logprobs: mx.array, log_min_p: mx.array) -> mx.array:
+    """mlx-lm's min-p filter (keep the tokens at least `min_p` times as likely as the most
+    likely one), taking log(min_p) as an array: mlx-lm's checks its value as a float, and a
+    compiled function compiles again for every new float."""
+    threshold = mx.max(logprobs, axis=-1, keepdims=True) + log_min_p
+    return mx.where(logprobs < threshold, -mx.inf, logprobs)
+
+
 def _top_k(logprobs: mx.array, k: int) -> mx.array:
     # mlx-lm raises for k >= the vocabulary (mid-step, for the whole batch): keeping at least
     # every token filters nothing.
@@ -106,10 +114,15 @@ def request_sampler(params: SamplingParams, seed: int | None) -> Sampler | None:
     if params.temperature == 0:
         return None
     filters: list[Callable[[mx.array], mx.array]] = []
+    # Values as arrays: a compiled filter given a Python float compiles again for each new
+    # value (~1 s on a quiet 2-core machine, several when loaded, for every new top_p).
     if 0 < params.top_p < 1.0:
-        filters.append(lambda x: apply_top_p(x, params.top_p))
+        top_p = mx.array(params.top_p, dtype=mx.float32)
+        # Typed float by mlx-lm; it only multiplies it, and an array is what avoids compiles.
+        filters.append(lambda x: apply_top_p(x, top_p))  # type: ignore[arg-type]
     if params.min_p != 0.0:
-        filters.append(lambda x: apply_min_p(x, params.min_p, 1))
+        log_min_p = mx.array(math.log(params.min_p), dtype=mx.float32)
+        filters.append(lambda x: _min_p(x, log_min_p))
     if params.top_k > 0:
         filters.append(lambda x: _top_k(x, params.top_k))
     key = mx.random.key(seed if seed is not None else random.getrandbits(SEED_BITS))

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
 from mlx_lm.sample_utils import make_sampler
@@ -45,13 +46,18 @@ class _PrefillCancelled(Exception):
     """Raised from mlx-lm's prefill progress callback to abandon a cancelled prefill."""
 
 
-def check_fits(prompt_tokens: int, max_tokens: int, context: int) -> None:
-    """`ValueError` naming the numbers unless the prompt plus `max_tokens` fit `context`."""
-    if prompt_tokens + max_tokens > context:
+def fitted_max_tokens(prompt_tokens: int, max_tokens: int, context: int) -> int:
+    """`max_tokens`, capped to what `context` leaves after the prompt; `ValueError` naming the
+    numbers if the prompt alone leaves no room. Clients send limits sized for large models
+    (Anthropic's and Ollama's always send one): like mlx_lm.server, llama.cpp and Ollama,
+    generate what fits and finish with "length" rather than refuse."""
+    room = context - prompt_tokens
+    if room < 1:
         raise ValueError(
-            f"the prompt has {prompt_tokens} tokens and max_tokens is {max_tokens}: "
-            f"{prompt_tokens + max_tokens} tokens do not fit the model's context of {context}"
+            f"the prompt has {prompt_tokens} tokens: no room for a completion in the "
+            f"model's context of {context}"
         )
+    return min(max_tokens, room)
 
 
 def _check_shard_files(model_dir: Path, shard: ShardSpec) -> None:
@@ -184,9 +190,10 @@ class Engine:
         """The prompt's token ids (`trexo.engine.prompt.encode_prompt`)."""
         return encode_prompt(self._tokenizer, request)
 
-    def admit(self, request: GenerationRequest) -> list[int]:
-        """The request's prompt tokens, or `ValueError` saying why it cannot be served as is
-        (no tokens to generate, an empty prompt, more than the model's context)."""
+    def admit(self, request: GenerationRequest) -> tuple[GenerationRequest, list[int]]:
+        """The request as it will run (`max_tokens` capped to the context) and its prompt
+        tokens, or `ValueError` saying why it cannot be served (no tokens to generate, an
+        empty prompt, a prompt that fills the model's context)."""
         params = request.params
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, not {params.max_tokens}")
@@ -201,8 +208,10 @@ class Engine:
         if not prompt:
             raise ValueError("the prompt encodes to no tokens")
         if self.context_length is not None:
-            check_fits(len(prompt), params.max_tokens, self.context_length)
-        return prompt
+            fitted = fitted_max_tokens(len(prompt), params.max_tokens, self.context_length)
+            if fitted != params.max_tokens:
+                request = attrs.evolve(request, params=attrs.evolve(params, max_tokens=fitted))
+        return request, prompt
 
     def batch(
         self, *, max_batch: int = DEFAULT_MAX_BATCH, prompt_cache_bytes: int = 0
@@ -241,7 +250,7 @@ class Engine:
         The same `BatchEngine` a runner steps many requests with, holding just this one.
         Invalid requests raise `ValueError` here, before the first chunk is asked for.
         """
-        prompt = self.admit(request)
+        request, prompt = self.admit(request)
         return self._alone(request, prompt, should_stop)
 
     def _alone(

@@ -49,8 +49,9 @@ log = logging.getLogger(__name__)
 KINDS: Final = ("json_object", "json_schema")
 """The `response_format` types that constrain output (`"text"` does not)."""
 
-ANY_OBJECT_SCHEMA: Final = '{"type": "object"}'
-"""`json_object`: one JSON object, whatever it holds."""
+ANY_OBJECT_SCHEMA: Final = '{"type": "object", "additionalProperties": true}'
+"""`json_object`: one JSON object, whatever it holds (said open: objects a schema leaves
+unsaid are closed, `trexo.engine.schema_grammar.closed_objects`)."""
 
 _bridges: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
 _matchers: weakref.WeakKeyDictionary[Any, OrderedDict[str, llguidance.LLMatcher]] = (

@@ -292,7 +292,7 @@ class ComputeThread:
             self._forget(rid)
             return False
         try:
-            self._batch.add(request, self._engine.admit(request))
+            self._batch.add(*self._engine.admit(request))
         except ValueError as exc:  # the request as it stands cannot be served
             log.info("generation %s refused: %s", rid, exc)
             self._post(RequestFailed(rid, str(exc), FailureKind.INVALID_REQUEST))
@@ -556,7 +556,7 @@ class ComputeThread:
         assert self._engine is not None and self._batch is not None
         rid = request.request_id
         try:
-            self._batch.add(request, self._engine.admit(request))
+            self._batch.add(*self._engine.admit(request))
         except ValueError as exc:
             if lead:
                 log.info("generation %s refused: %s", rid, exc)
