@@ -17,7 +17,7 @@ from trexo.errors import GenerationFailed
 
 from .conftest import CLIENT_TIMEOUT_S, MAX_BODY_BYTES, SILENCE_S
 from .dialects import ANTHROPIC
-from .fake_node import DEMO, FAKE_CONTEXT, OTHER, FakeNode, Step
+from .fake_node import DEMO, FAKE_CONTEXT, OTHER, TOO_BIG, FakeNode, Step
 from .sse import named_events
 
 TEST_TIMEOUT_S = 30.0
@@ -280,3 +280,26 @@ async def test_count_tokens_where_the_tokenizer_is_elsewhere_says_so(
     error = assert_anthropic_error(response, 503, "api_error")["error"]
     assert "tokenizer is not on this node" in error["message"]
     assert "retry-after" not in response.headers
+
+
+# --- /v1/models, as Anthropic's clients see it ---------------------------------------------
+
+
+async def test_the_anthropic_client_lists_and_retrieves_models_in_its_shape(
+    claude: anthropic.AsyncAnthropic, http: httpx.AsyncClient
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        listed = [model async for model in claude.models.list()]
+        one = await claude.models.retrieve(DEMO.model_id)
+        first_page = await claude.models.list(limit=1)
+        second_page = await claude.models.list(limit=1, after_id=first_page.data[0].id)
+        missing = await http.get("/v1/models/nope", headers={"anthropic-version": "2023-06-01"})
+        openai_shape = await http.get("/v1/models")
+    assert [model.id for model in listed] == [DEMO.model_id, OTHER.model_id, TOO_BIG.model_id]
+    assert all(model.type == "model" and model.created_at for model in listed)
+    assert (one.id, one.display_name) == (DEMO.model_id, DEMO.model_id)
+    assert [m.id for m in first_page.data] == [DEMO.model_id] and first_page.has_more
+    assert [m.id for m in second_page.data] == [OTHER.model_id]
+    assert_anthropic_error(missing, 404, "not_found_error")
+    # Without the header, the same path is OpenAI's.
+    assert openai_shape.json()["object"] == "list"

@@ -14,9 +14,11 @@ import trio
 
 from trexo import __version__
 from trexo.api.app import create_app
+from trexo.api.ollama_api import OLLAMA_API_VERSION
 from trexo.api.server import ApiServer
 from trexo.config import ApiConfig
 from trexo.errors import GenerationFailed
+from trexo.types.chunks import Usage
 
 from .conftest import CLIENT_TIMEOUT_S
 from .dialects import NDJSON, ndjson_lines, read_stream
@@ -73,6 +75,24 @@ async def test_chat_not_streamed(client: ollama.AsyncClient, node: FakeNode) -> 
     params = request.params
     assert (params.temperature, params.max_tokens, params.seed) == (0.5, 7, 3)
     assert node.exits[request.request_id] == "completed"
+
+
+async def test_a_whole_answer_is_timed_as_a_stream_is(
+    client: ollama.AsyncClient, node: FakeNode
+) -> None:
+    # Clients divide eval_count by eval_duration: a whole answer must measure both parts.
+    node.script = (
+        Step(delay=0.05, text="Hello"),
+        Step(
+            delay=0.05, text="!", finish="stop", usage=Usage(prompt_tokens=5, completion_tokens=2)
+        ),
+    )
+    with trio.fail_after(TEST_TIMEOUT_S):
+        response = await client.chat(model=DEMO.model_id, messages=MESSAGES)
+    assert response.prompt_eval_duration is not None and response.eval_duration is not None
+    assert response.prompt_eval_duration >= 40_000_000  # the first token's wait
+    assert response.eval_duration >= 40_000_000  # the rest
+    assert response.total_duration == response.prompt_eval_duration + response.eval_duration
 
 
 async def test_chat_streamed(client: ollama.AsyncClient, node: FakeNode) -> None:
@@ -175,7 +195,8 @@ async def test_list_show_ps_and_version(
     assert shown.modelinfo is not None
     assert shown.modelinfo["trexo.source"] == DEMO.source
     assert [model.model for model in running.models] == [DEMO.model_id]  # the placed one
-    assert version == {"version": __version__}
+    # The Ollama release whose API trexo follows (clients compare it), trexo's own apart.
+    assert version == {"version": OLLAMA_API_VERSION, "trexo_version": __version__}
     assert unknown.value.status_code == 404
 
 
@@ -186,7 +207,7 @@ async def test_list_show_ps_and_version(
     ("path", "body", "status"),
     [
         ("/api/chat", {"model": DEMO.model_id, "messages": [{"role": "bot"}]}, 400),
-        ("/api/chat", chat(options={"mirostat": 2}), 400),
+        ("/api/chat", chat(options={"stop": [3]}), 400),
         ("/api/chat", chat(think="maximal"), 400),
         ("/api/generate", {"model": DEMO.model_id, "prompt": "x", "suffix": "y"}, 400),
         ("/api/generate", {"prompt": "x"}, 400),
@@ -210,7 +231,7 @@ async def test_http_level_errors_get_ollamas_error_shape(http: httpx.AsyncClient
         not_json = await http.post(
             "/api/chat", content=b"{nope", headers={"content-type": "application/json"}
         )
-        no_such_url = await http.get("/api/pull")
+        no_such_url = await http.get("/api/nope")
         wrong_method = await http.get("/api/chat")
         outside = await http.get("/v1/nope")
     assert_error(not_json, 400)
@@ -273,8 +294,14 @@ async def test_a_second_listener_serves_the_same_api(nursery: trio.Nursery, node
             response = await client.chat(model=DEMO.model_id, messages=MESSAGES)
         async with httpx.AsyncClient(base_url=api_url) as http:
             health = await http.get("/health")
+            page = await http.get("/")
+            on_ollama_port = await http.get(f"{ollama_url}/")
     assert response.message.content == "Hello world!"
     assert health.status_code == 200
+    # Ollama's own answer at its port's root, which clients and scripts probe; the dashboard
+    # on the API's port.
+    assert (on_ollama_port.status_code, on_ollama_port.text) == (200, "Ollama is running")
+    assert page.status_code == 200 and "<html" in page.text.lower()
 
 
 async def test_no_second_listener_by_default(nursery: trio.Nursery, node: FakeNode) -> None:

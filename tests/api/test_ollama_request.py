@@ -106,7 +106,7 @@ def test_options_map_onto_sampling_params() -> None:
 
 @pytest.mark.parametrize("value", [-1, -2])
 def test_num_predict_without_limit_is_what_fits(value: int) -> None:
-    params, requested = parse_options({"num_predict": value})
+    params, requested, _ = parse_options({"num_predict": value})
     assert requested is None
     assert params.max_tokens == SamplingParams().max_tokens
 
@@ -146,17 +146,21 @@ def test_options_that_tune_ollamas_runtime_are_ignored() -> None:
         ("frequency_penalty", 0, 1.0),
     ],
 )
-def test_sampler_knobs_trexo_lacks_are_accepted_only_when_neutral(
+def test_sampler_knobs_trexo_lacks_are_accepted_and_ignored_as_ollama_does(
     name: str, neutral: float, other: float
 ) -> None:
-    assert parse_options({name: neutral}) == parse_options({})
-    error = refused(chat(options={name: other}), f"options.{name}")
-    assert error.code == "unsupported_parameter"
+    assert parse_options({name: neutral}) == parse_options({})  # asks for nothing: not noted
+    params, requested, ignored = parse_options({name: other})
+    assert (params, requested) == parse_options({})[:2]
+    assert ignored == (name,)  # the view logs it
 
 
-def test_an_unknown_option_is_refused() -> None:
-    error = refused(chat(options={"temprature": 0.5}), "options.temprature")
-    assert error.code == "unknown_parameter"
+def test_an_unknown_option_is_ignored_and_named() -> None:
+    params, _, ignored = parse_options({"temprature": 0.5, "temperature": 0.2})
+    assert params.temperature == 0.2
+    assert ignored == ("temprature",)
+    request = parse_chat(chat(options={"mirostat_eta": 0.1}))
+    assert request.ignored_options == ("mirostat_eta",)
 
 
 @pytest.mark.parametrize(

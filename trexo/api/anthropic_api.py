@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from quart import Blueprint, Response
 
+from trexo.api import anthropic_models
 from trexo.api.anthropic_request import parse_count_tokens_request, parse_messages_request
 from trexo.api.anthropic_response import MessageEvents, error_body, message_from_chunks
 from trexo.api.dialects import Dialect
@@ -77,4 +78,12 @@ def anthropic_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSet
     return blueprint
 
 
-ANTHROPIC = Dialect(anthropic_blueprint, ErrorShape((MESSAGES_PATH,), error_body))
+ANTHROPIC = Dialect(
+    anthropic_blueprint,
+    ErrorShape(
+        (MESSAGES_PATH,),
+        error_body,
+        shared_paths=(anthropic_models.MODELS_PATH,),
+        header=anthropic_models.VERSION_HEADER,
+    ),
+)

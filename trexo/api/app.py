@@ -20,6 +20,7 @@ from werkzeug.exceptions import (
     RequestTimeout,
 )
 
+from trexo.api import anthropic_models
 from trexo.api.auth import register_auth
 from trexo.api.chat_request import parse_chat_request
 from trexo.api.chat_response import ChunkEncoder, completion_from_chunks
@@ -40,6 +41,7 @@ from trexo.api.text_completion import (
     parse_completion_request,
 )
 from trexo.api.text_completion import completion_body as text_completion_body
+from trexo.api.unsupported import register_unsupported
 from trexo.api.validation import invalid_value, missing
 from trexo.api.views import (
     ErrorShape,
@@ -79,7 +81,9 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
     error_shapes: list[ErrorShape] = []
 
     def error_response(error: ApiError) -> Response:
-        body = error_body_for(request.path, error, error_shapes)
+        # Iterating Headers gives (name, value) pairs: keys() gives the names.
+        names = frozenset(name.lower() for name in request.headers.keys())  # noqa: SIM118
+        body = error_body_for(request.path, error, error_shapes, names)
         return json_response(body, error.status, error.headers())
 
     @app.before_request
@@ -166,6 +170,9 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
 
     @app.get("/v1/models")
     async def list_models() -> Response:
+        if anthropic_models.VERSION_HEADER in request.headers:  # Anthropic's clients
+            models = [listing.model for listing in node.models()]
+            return json_response(anthropic_models.models_page(models, request.args))
         data = [model_object(listing) for listing in node.models()]
         return json_response({"object": "list", "data": data})
 
@@ -173,6 +180,8 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
     async def get_model(model_id: str) -> Response:
         for listing in node.models():
             if listing.model.model_id == model_id:
+                if anthropic_models.VERSION_HEADER in request.headers:
+                    return json_response(anthropic_models.model_body(listing.model))
                 return json_response(model_object(listing))
         raise ApiError(
             404,
@@ -249,6 +258,7 @@ def create_app(node: NodeHandle, config: ApiConfig) -> QuartTrio:
         return json_response({"request_id": request_id, "cancelled": True})
 
     register_dashboard(app)
+    register_unsupported(app)
     for dialect in dialects():
         app.register_blueprint(dialect.blueprint(node, config, settings))
         if dialect.errors is not None:

@@ -9,8 +9,8 @@ clients find these endpoints on the API port, or on a second listener at Ollama'
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any
 
 from quart import Blueprint, Response
 
@@ -40,20 +40,33 @@ from trexo.api.ollama_response import (
     utc_now,
 )
 from trexo.api.outcome import outcome_of
-from trexo.api.streaming import NDJSON, StreamSettings
-from trexo.api.views import ErrorShape, admit_generation, answer, json_response, read_json
+from trexo.api.streaming import NDJSON, StreamSettings, collect_timed, open_stream
+from trexo.api.views import (
+    ErrorShape,
+    admit_generation,
+    json_response,
+    read_json,
+    stream_response,
+)
 from trexo.config import ApiConfig
-from trexo.types.chunks import Chunk
+
+log = logging.getLogger(__name__)
 
 OLLAMA_PATH_PREFIX = "/api/"
-OLLAMA_VERSION = __version__
-"""What `/api/version` reports: trexo's own version (it is not Ollama)."""
+OLLAMA_API_VERSION = "0.12.11"
+"""What `/api/version` reports as `version`: the Ollama release whose API this dialect
+follows (tools, `think`, JSON-schema `format`, `logprobs`, which came in 0.12.11). Clients
+compare it with the release a feature needs; trexo's own version is `trexo_version`."""
 
 
 def ollama_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSettings) -> Blueprint:
     blueprint = Blueprint("ollama", __name__)
 
     async def respond(endpoint: Endpoint, request: OllamaRequest, started_ns: int) -> Response:
+        if request.ignored_options:
+            log.debug(
+                "ignoring options trexo does not have: %s", ", ".join(request.ignored_options)
+            )
         model_id = _model_id(node, request.model)
         if request.generation is None:
             _require_ready(model_id, node.models())
@@ -69,26 +82,22 @@ def ollama_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSettin
             schema_param="format",
         )
         logprobs = request.generation.logprobs is not None
-
-        def whole(chunks: list[Chunk]) -> dict[str, Any]:
-            return answer_body(
+        if not request.stream:
+            # Timed as a stream is: clients divide the counts by the durations.
+            collected = await collect_timed(node, model_id, admitted.generation)
+            timings = Timings(started_ns, collected.first_token_ns, time.monotonic_ns())
+            body = answer_body(
                 endpoint,
-                outcome_of(chunks),
+                outcome_of(collected.chunks),
                 model=request.model,
                 created_at=timestamp(utc_now()),
-                timings=Timings(started_ns, None, time.monotonic_ns()),
+                timings=timings,
                 logprobs=logprobs,
             )
-
+            return json_response(body)
         encoder = LineEncoder(endpoint, request.model, started_ns, logprobs=logprobs)
-        return await answer(
-            node,
-            model_id,
-            admitted.generation,
-            settings,
-            stream=(encoder, NDJSON) if request.stream else None,
-            whole=whole,
-        )
+        lines = await open_stream(node, model_id, admitted.generation, encoder, NDJSON, settings)
+        return stream_response(lines, NDJSON)
 
     @blueprint.post("/api/chat")
     async def chat() -> Response:
@@ -116,7 +125,7 @@ def ollama_blueprint(node: NodeHandle, config: ApiConfig, settings: StreamSettin
 
     @blueprint.get("/api/version")
     async def version() -> Response:
-        return json_response({"version": OLLAMA_VERSION})
+        return json_response({"version": OLLAMA_API_VERSION, "trexo_version": __version__})
 
     return blueprint
 

@@ -10,9 +10,10 @@ Choices where Ollama and trexo differ:
   num_predict (max_tokens; -1 and -2: what fits the context), repeat_penalty
   (repetition_penalty). Options that only tune how Ollama loads or runs a model (num_ctx,
   num_thread, num_gpu, ...) are accepted and ignored: trexo places models itself and uses
-  each model's whole context. Sampling options trexo cannot honour (mirostat, typical_p,
-  tfs_z, presence/frequency penalties) are accepted only at their neutral values; any other
-  option name is refused, so a typo is not silently ignored.
+  each model's whole context. Options trexo's sampler does not have (mirostat, typical_p,
+  tfs_z, presence/frequency penalties, or any other name) are accepted and ignored, as Ollama
+  ignores options its engine does not use (clients send their own defaults with every
+  request); the view logs their names at debug level.
 - `keep_alive` is accepted and ignored: a placed model stays until its instance is deleted.
 - Other unknown fields are refused (Ollama ignores them), so a typo is not silently ignored;
   unknown fields inside messages are ignored, so replayed turns pass. An assistant turn's
@@ -144,6 +145,8 @@ class OllamaRequest:
     stream: bool = True
     requested_max_tokens: int | None = None
     """`num_predict` as the client gave it; None: what fits the context."""
+    ignored_options: tuple[str, ...] = ()
+    """`options` trexo's sampler does not have (accepted and ignored, as Ollama does)."""
 
 
 def new_request_id() -> RequestId:
@@ -178,7 +181,7 @@ def parse_chat(body: Any, request_id: RequestId | None = None) -> OllamaRequest:
         response_format=shared.response_format,
         template_kwargs=shared.template_kwargs,
     )
-    return OllamaRequest(model, request_id, generation, shared.stream, shared.requested_max_tokens)
+    return shared.request(model, request_id, generation)
 
 
 def parse_generate(body: Any, request_id: RequestId | None = None) -> OllamaRequest:
@@ -205,7 +208,7 @@ def parse_generate(body: Any, request_id: RequestId | None = None) -> OllamaRequ
         response_format=shared.response_format,
         template_kwargs=None if raw else shared.template_kwargs,
     )
-    return OllamaRequest(model, request_id, generation, shared.stream, shared.requested_max_tokens)
+    return shared.request(model, request_id, generation)
 
 
 def parse_show(body: Any) -> str:
@@ -250,10 +253,23 @@ class _Shared:
 
     stream: bool
     params: SamplingParams
+    ignored_options: tuple[str, ...]
     requested_max_tokens: int | None
     response_format: ResponseFormat | None
     logprobs: int | None
     template_kwargs: str | None
+
+    def request(
+        self, model: str, request_id: RequestId, generation: GenerationRequest
+    ) -> OllamaRequest:
+        return OllamaRequest(
+            model,
+            request_id,
+            generation,
+            self.stream,
+            self.requested_max_tokens,
+            self.ignored_options,
+        )
 
 
 def _shared(fields: Mapping[str, Any]) -> _Shared:
@@ -261,10 +277,11 @@ def _shared(fields: Mapping[str, Any]) -> _Shared:
     keep_alive = fields.get("keep_alive")
     if keep_alive is not None and not isinstance(keep_alive, str | int | float):
         raise invalid_type("keep_alive", "a duration (a number or a string)", keep_alive)
-    params, requested = parse_options(fields.get("options"))
+    params, requested, ignored = parse_options(fields.get("options"))
     return _Shared(
         stream=True if stream is None else stream,
         params=params,
+        ignored_options=ignored,
         requested_max_tokens=requested,
         response_format=parse_format(fields.get("format")),
         logprobs=parse_logprobs(fields),
@@ -309,21 +326,21 @@ def parse_format(raw: Any) -> ResponseFormat | None:
 # --- options ---------------------------------------------------------------------------------
 
 
-def parse_options(raw: Any) -> tuple[SamplingParams, int | None]:
-    """The sampling parameters `options` ask for, and `num_predict` (None: what fits)."""
+def parse_options(raw: Any) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
+    """The sampling parameters `options` ask for, `num_predict` (None: what fits), and the
+    options ignored: those trexo's sampler does not have, at a value that asks for something."""
     if raw is None:
-        return SamplingParams(), None
+        return SamplingParams(), None, ()
     options = present(require_object(raw, "options"))
-    for name, value in options.items():
-        if name in MAPPED_OPTIONS or name in IGNORED_OPTIONS:
-            continue
-        if name not in NEUTRAL_OPTIONS:
-            raise unknown(f"options.{name}")
-        if not _is_number(value) or value != NEUTRAL_OPTIONS[name]:
-            raise _refused(
-                f"options.{name}",
-                f"trexo's sampler has no such knob (only {NEUTRAL_OPTIONS[name]:g} is accepted)",
-            )
+    unused = sorted(
+        name
+        for name, value in options.items()
+        if name not in MAPPED_OPTIONS
+        and name not in IGNORED_OPTIONS
+        and not (name in NEUTRAL_OPTIONS and _is_number(value) and value == NEUTRAL_OPTIONS[name])
+    )
+    # As Ollama does with options its engine does not use, they are accepted and ignored (the
+    # view logs them): clients send their own defaults (`typical_p`, ...) with every request.
     # The readers name the field they read: give them the options' full names.
     fields = {f"options.{name}": value for name, value in options.items()}
     defaults = SamplingParams()
@@ -342,7 +359,7 @@ def parse_options(raw: Any) -> tuple[SamplingParams, int | None]:
         repetition_penalty=read_number(fields, "options.repeat_penalty", low=0.0, low_open=True),
         stop=_stops(fields.get("options.stop")),
     )
-    return params, requested
+    return params, requested, tuple(unused)
 
 
 def _is_number(value: Any) -> bool:

@@ -29,6 +29,8 @@ from trexo.config import API_FD_RESERVE, ApiConfig
 from trexo.fd_limit import fd_soft_limit
 
 SERVER_LOGGER = "trexo.api.server"
+OLLAMA_PORT_KEY = "TREXO_OLLAMA_PORT"
+"""The app config key holding the Ollama listener's bound port (absent: no listener)."""
 ACCESS_LOGGER = "trexo.api.access"
 
 log = logging.getLogger(SERVER_LOGGER)
@@ -69,6 +71,8 @@ class ApiServer:
                 serve, self.app, hypercorn_config(self.config), self.cap
             )
             self.urls = tuple(binds)
+            if len(binds) > 1:  # the app tells the Ollama listener's requests by this port
+                self.app.config[OLLAMA_PORT_KEY] = int(binds[1].rsplit(":", 1)[1])
             task_status.started(binds[0])
 
     @property

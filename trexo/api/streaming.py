@@ -13,6 +13,7 @@ A client that disconnects cancels its generation: quart-trio cancels the exchang
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -98,16 +99,33 @@ async def collect(node: NodeHandle, model_id: str, request: GenerationRequest) -
     Errors (entering, or during the generation) propagate: nothing has been sent yet, so the
     view answers with the error's status.
     """
+    return (await collect_timed(node, model_id, request)).chunks
+
+
+@attrs.frozen
+class Collected:
+    """A whole generation's chunks, and when (`time.monotonic_ns`) its first token came."""
+
+    chunks: list[Chunk]
+    first_token_ns: int | None
+
+
+async def collect_timed(node: NodeHandle, model_id: str, request: GenerationRequest) -> Collected:
+    """`collect`, noting when the first token arrived (Ollama's answers split their time
+    into reading the prompt and generating, and clients divide by both)."""
     chunks: list[Chunk] = []
+    first_token_ns: int | None = None
     async with node.open_generation(model_id, request) as stream:
         async for chunk in stream:
             _raise_if_failed(chunk)
+            if first_token_ns is None and chunk.token_ids:
+                first_token_ns = time.monotonic_ns()
             chunks.append(chunk)
             if chunk.finish_reason is not None:
                 break
     if not chunks or chunks[-1].finish_reason is None:
         raise GenerationFailed(UNFINISHED)
-    return chunks
+    return Collected(chunks, first_token_ns)
 
 
 async def open_stream(

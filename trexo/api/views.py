@@ -3,7 +3,7 @@ model's context, and answering with JSON or a stream. Runs inside a Quart reques
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -32,12 +32,21 @@ class ErrorShape:
 
     path_prefixes: tuple[str, ...]
     body: ErrorBody
+    shared_paths: tuple[str, ...] = ()
+    """Paths dialects share (`/v1/models`), claimed when a request carries `header`."""
+    header: str | None = None
 
 
-def error_body_for(path: str, error: ApiError, shapes: Sequence[ErrorShape]) -> dict[str, Any]:
-    """`error`'s body in the dialect of `path` (OpenAI's where no dialect claims the path)."""
+def error_body_for(
+    path: str, error: ApiError, shapes: Sequence[ErrorShape], header_names: Container[str]
+) -> dict[str, Any]:
+    """`error`'s body in the dialect of `path` (OpenAI's where no dialect claims the path);
+    `header_names` are the request's, lower-cased."""
     for shape in shapes:
         if path.startswith(shape.path_prefixes):
+            return shape.body(error)
+        claimed = shape.header is not None and shape.header in header_names
+        if claimed and path.startswith(shape.shared_paths):
             return shape.body(error)
     return error.body()
 
